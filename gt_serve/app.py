@@ -1,0 +1,210 @@
+"""Composition root: builds every object from the config, wires them, owns start -> drain -> stop."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+from .config import Config
+from .core.dataplane import DataPlane
+from .core.model_host import LocalModelHost
+from .core.registry import ModelRegistry
+from .core.stream_scheduler import StreamScheduler
+from .execution.batch_job import SimpleArrayBackend, make_job_factory
+from .execution.lanes import Lane, plan_cpu_lanes
+
+log = logging.getLogger("gt_serve")
+
+
+def detect_gpus() -> list[int]:
+    """GPU ids usable for CUDA lanes: CuPy sees a device and onnxruntime has the CUDA provider."""
+    try:
+        from .backends.onnx_runner import available_providers
+
+        if "CUDAExecutionProvider" not in available_providers():
+            return []
+        import cupy
+
+        return list(range(cupy.cuda.runtime.getDeviceCount()))
+    except Exception:
+        return []
+
+
+class App:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.lanes: list[Lane] = []
+        self.dataplane: DataPlane | None = None
+        self.registry: ModelRegistry | None = None
+        self.scheduler: StreamScheduler | None = None
+        self.http = None
+        self.grpc = None
+        self.metrics = None
+        self.ports: dict[str, int] = {}
+        self._demo_dir: Path | None = None
+        self._stop_event: asyncio.Event | None = None
+
+    # -- wiring -------------------------------------------------------------------------------
+    def _build_lanes(self, loop: asyncio.AbstractEventLoop) -> None:
+        lc = self.cfg.lanes
+        gpus = detect_gpus()
+        if lc.gpus:
+            gpus = [g for g in gpus if g in lc.gpus]
+        for gpu in gpus:
+            import cupy
+
+            with cupy.cuda.Device(gpu):
+                for s in range(max(1, lc.gpu_streams_per_device)):
+                    self.lanes.append(Lane(f"gpu{gpu}.{s}", f"gpu:{gpu}", loop, stream=cupy.cuda.Stream(non_blocking=True)))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        n_cpu, self._intra_op = plan_cpu_lanes(cores, lc.cpu_lanes if not gpus else max(1, lc.cpu_lanes or 1),
+                                               lc.intra_op_threads)
+        for i in range(n_cpu):
+            self.lanes.append(Lane(f"cpu.{i}", "cpu", loop))
+        for lane in self.lanes:
+            lane.start()
+
+    def _runner_factory(self, model_path: str, device: str, lane: Lane):
+        from .backends.onnx_runner import OnnxRunner
+
+        if device.startswith("gpu"):
+            stream = lane.stream
+            return OnnxRunner(model_path, device="gpu", device_id=int(device.split(":")[1]),
+                              cuda_stream_ptr=stream.ptr if stream is not None else None)
+        return OnnxRunner(model_path, device="cpu", intra_op_threads=self._intra_op)
+
+    def _repository(self) -> Path:
+        if self.cfg.server.model_repository:
+            return Path(self.cfg.server.model_repository)
+        from .model_builders import demo_repository
+
+        self._demo_dir = Path(tempfile.mkdtemp(prefix="gt_serve_demo_"))
+        log.info("no --model-repository given: serving the bundled demo repository")
+        return demo_repository(self._demo_dir)
+
+    async def start(self) -> None:
+        from .backends.onnx_runner import describe_model
+
+        cfg, s = self.cfg, self.cfg.server
+        loop = asyncio.get_running_loop()
+        self._build_lanes(loop)
+        self.scheduler = StreamScheduler(loop, self.lanes)
+        host = LocalModelHost(loop, self.scheduler, self.lanes, self._runner_factory,
+                              make_job_factory(_array_backend()), cfg.models)
+        repo = self._repository()
+        if not repo.is_dir():
+            raise SystemExit(f"gt-serve: model repository '{repo}' is not a directory")
+        self.registry = ModelRegistry(repo, describe_model, host, drain_timeout_s=s.drain_timeout_s)
+        self.dataplane = DataPlane(self.registry, server_name=s.server_name, model_control_mode=s.model_control_mode,
+                                   default_timeout_s=s.request_timeout_s, max_batch_size=s.max_batch_size)
+        await self._load_initial_models()
+        await self._start_front_ends()
+        self._write_port_file()
+        self.dataplane.set_ready(True)
+        log.info("gt-serve ready: HTTP %s, gRPC %s, metrics %s; lanes %s", self.ports.get("http"),
+                 self.ports.get("grpc"), self.ports.get("metrics"), ", ".join(l.lane_id for l in self.lanes))
+
+    async def _load_initial_models(self) -> None:
+        s = self.cfg.server
+        names = self.registry.scan()
+        if s.model_control_mode == "explicit":
+            names = names if "*" in s.load_models else list(s.load_models)
+        for name in names:
+            try:
+                await self.registry.load(name)
+            except Exception as exc:  # one broken model must not keep the others from serving
+                log.error("%s", exc)
+
+    async def _start_front_ends(self) -> None:
+        s = self.cfg.server
+        if s.allow_http:
+            from .protocol.http import start_http
+
+            self.http = await start_http(self.dataplane, s.host, s.http_port, max_body_bytes=s.max_body_bytes,
+                                         max_connections=s.max_connections, auth_token=s.auth_token,
+                                         idle_timeout_s=s.idle_timeout_s)
+            self.ports["http"] = self.http.port
+        if s.allow_grpc:
+            from .protocol.grpc import start_grpc
+
+            self.grpc = await start_grpc(self.dataplane, s.host, s.grpc_port, auth_token=s.auth_token)
+            self.ports["grpc"] = self.grpc.port
+        if s.allow_metrics:
+            try:
+                from .protocol.metrics import start_metrics
+            except ImportError:
+                start_metrics = None
+            if start_metrics is not None:
+                self.metrics = await start_metrics(self, s.host, s.metrics_port)
+                self.ports["metrics"] = self.metrics.port
+
+    def _write_port_file(self) -> None:
+        path = self.cfg.server.port_file
+        if path:
+            tmp = f"{path}.tmp"
+            with open(tmp, "w") as fh:
+                json.dump(self.ports, fh)
+            os.replace(tmp, path)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def stop(self) -> None:
+        drain_s = self.cfg.server.drain_timeout_s
+        if self.dataplane is not None:
+            self.dataplane.set_draining()
+        if self.http is not None:
+            await self.http.close(drain_s)
+        if self.grpc is not None:
+            await self.grpc.stop(drain_s)
+        if self.metrics is not None:
+            await self.metrics.close(1.0)
+        if self.registry is not None:
+            await self.registry.close_all()
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        for lane in self.lanes:
+            lane.stop()
+        if self._demo_dir is not None:
+            shutil.rmtree(self._demo_dir, ignore_errors=True)
+
+    def request_stop(self) -> None:
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    async def serve(self) -> None:
+        """Start, run until SIGTERM/SIGINT, then drain in-flight work and stop."""
+        self._stop_event = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        try:
+            await self.start()
+            await self._stop_event.wait()
+            log.info("shutting down: draining in-flight requests")
+        finally:
+            await self.stop()
+
+
+def _array_backend():
+    try:
+        from .backends.numpy_backend import NumpyBackend
+
+        return NumpyBackend()
+    except ImportError:
+        return SimpleArrayBackend()
+
+
+def run(cfg: Config) -> None:
+    app = App(cfg)
+    try:
+        import uvloop
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:
+        runner = asyncio.Runner()
+    with runner:
+        runner.run(app.serve())

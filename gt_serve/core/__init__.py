@@ -1,0 +1,1 @@
+"""Pure logic: asyncio primitives allowed; no sockets, no onnxruntime, no cupy."""

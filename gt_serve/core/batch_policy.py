@@ -1,0 +1,71 @@
+"""Pure batch formation: a function of the queue snapshot, the clock and the lanes' state.
+
+Work-conserving: when a lane is idle, dispatch at once (up to max_batch_size) instead of waiting
+out the delay; wait only while every lane is busy, or while a preferred size is within reach and
+the oldest request's delay budget is not spent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class BatchConfig:
+    max_batch_size: int = 0  # 0 = the model does not batch: one request per execution
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDecision:
+    take: int  # number of queued requests to dispatch now (0 = wait)
+    wait_s: float  # when take == 0: re-evaluate after this long (inf = on the next event)
+
+
+WAIT_FOR_EVENT = BatchDecision(0, float("inf"))
+
+
+def form_batch(
+    pending_sizes: Sequence[int],
+    oldest_arrival_s: float,
+    now_s: float,
+    idle_lanes: int,
+    cfg: BatchConfig,
+) -> BatchDecision:
+    """Decide how many of the queued requests (their batch sizes in queue order) to dispatch now.
+
+    A request larger than max_batch_size never reaches the queue (rejected at submit).
+    """
+    if not pending_sizes or idle_lanes <= 0:
+        return WAIT_FOR_EVENT
+    if cfg.max_batch_size <= 0:
+        return BatchDecision(1, 0.0)
+    # the longest queue prefix that fits in one batch
+    total = 0
+    take = 0
+    for size in pending_sizes:
+        if total + size > cfg.max_batch_size:
+            break
+        total += size
+        take += 1
+    if take == 0:  # defensive: an oversized head request goes alone
+        return BatchDecision(1, 0.0)
+    if total >= cfg.max_batch_size or take < len(pending_sizes):
+        return BatchDecision(take, 0.0)  # full batch
+    preferred = cfg.preferred_batch_sizes
+    if preferred and total in preferred:
+        return BatchDecision(take, 0.0)
+    waited_s = now_s - oldest_arrival_s
+    if cfg.max_queue_delay_s <= 0.0 or waited_s >= cfg.max_queue_delay_s:
+        return BatchDecision(take, 0.0)
+    # a lane is idle: work-conserving unless a preferred size is near (strictly larger, within reach)
+    if preferred and any(p > total for p in preferred) and _near_preferred(total, preferred):
+        return BatchDecision(0, cfg.max_queue_delay_s - waited_s)
+    return BatchDecision(take, 0.0)
+
+
+def _near_preferred(total: int, preferred: tuple[int, ...]) -> bool:
+    """A preferred size is 'near' when we already hold at least half of the next larger one."""
+    target = min(p for p in preferred if p > total)
+    return total * 2 >= target

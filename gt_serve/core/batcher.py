@@ -1,0 +1,178 @@
+"""Per-model queue: bounded, one Future per request, deadlines, priorities; splits results back.
+
+The batcher only queues and forms batches (with batch_policy.form_batch); the StreamScheduler
+decides when and on which lane a formed batch runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import DeadlineExceeded, QueueFull, Unavailable
+from .batch_policy import BatchConfig, BatchDecision, form_batch
+
+_now_ns = time.monotonic_ns
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    max_queue_size: int = 0  # 0 = unbounded (still capped by the server limit)
+    default_timeout_s: float = 0.0
+    allow_timeout_override: bool = True
+    reject_on_timeout: bool = True  # Triton's timeout_action REJECT (DELAY keeps the request queued)
+
+
+class Entry:
+    """One queued request."""
+
+    __slots__ = ("feeds", "batch_size", "shape_key", "arrival_ns", "future", "timer", "dispatch_ns", "context")
+
+    def __init__(self, feeds: dict, batch_size: int, shape_key: tuple, future: asyncio.Future, context: Any) -> None:
+        self.feeds = feeds
+        self.batch_size = batch_size
+        self.shape_key = shape_key
+        self.arrival_ns = _now_ns()
+        self.future = future
+        self.timer = None
+        self.dispatch_ns = 0
+        self.context = context
+
+
+@dataclass(eq=False)
+class Batch:
+    batcher: "Batcher"
+    entries: list[Entry]
+    size: int
+
+
+class Batcher:
+    """Queue for one model version. All methods run on the event loop thread."""
+
+    def __init__(self, name: str, batch_cfg: BatchConfig, queue_policy: QueuePolicy, *,
+                 priority_levels: int = 0, default_priority: int = 0, weight: float = 1.0,
+                 lanes: tuple = (), loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.name = name
+        self.cfg = batch_cfg
+        self.policy = queue_policy
+        self.levels = max(1, priority_levels)
+        self.default_priority = default_priority if 1 <= default_priority <= self.levels else (self.levels + 1) // 2
+        self._queues: list[deque[Entry]] = [deque() for _ in range(self.levels)]
+        self.pending = 0
+        self.weight = weight
+        self.lanes = lanes  # lanes this model may run on (set by the host)
+        self.runner_for_lane: dict = {}  # lane_id -> job factory (set by the host)
+        self.virtual_ns = 0.0
+        self.in_flight = 0
+        self.closed: str | None = None
+        self._loop = loop
+        self.scheduler = None  # set when registered
+        self.stats = None  # the model version's ModelStats (set by the host)
+        self.model = None  # the LoadedModel (set by the host)
+        self.close_when_idle = None  # called once the last in-flight batch returns after an unload
+
+    # -- submit (hot path) ----------------------------------------------------------------------
+    def submit(self, feeds: dict, batch_size: int, shape_key: tuple, priority: int = 0,
+               deadline_s: float | None = None, context: Any = None) -> asyncio.Future:
+        if self.closed is not None:
+            raise Unavailable(self.closed)
+        if self.policy.max_queue_size and self.pending >= self.policy.max_queue_size:
+            raise QueueFull(f"model '{self.name}': queue is full ({self.policy.max_queue_size} requests); retry later")
+        loop = self._loop or asyncio.get_running_loop()
+        future = loop.create_future()
+        entry = Entry(feeds, batch_size, shape_key, future, context)
+        level = priority if 1 <= priority <= self.levels else self.default_priority
+        self._queues[level - 1].append(entry)
+        self.pending += 1
+        timeout_s = self.policy.default_timeout_s
+        if deadline_s is not None and (self.policy.allow_timeout_override or not timeout_s):
+            entry.timer = loop.call_at(loop.time() + max(0.0, deadline_s - time.monotonic()), self._expire, entry)
+        elif timeout_s > 0:
+            entry.timer = loop.call_later(timeout_s, self._expire, entry)
+        self.scheduler.notify(self)
+        return future
+
+    def _expire(self, entry: Entry) -> None:
+        if entry.dispatch_ns or entry.future.done():
+            return
+        if not self.policy.reject_on_timeout:
+            return
+        waited_ms = (_now_ns() - entry.arrival_ns) / 1e6
+        entry.future.set_exception(DeadlineExceeded(
+            f"model '{self.name}': request timed out in the queue after {waited_ms:.1f} ms"))
+        # removed lazily when the batch is formed
+
+    # -- batch formation (scheduler) ------------------------------------------------------------
+    def _compatible_head(self, limit: int) -> list[Entry]:
+        """Live queued entries in priority order that can share one batch with the first one."""
+        out: list[Entry] = []
+        key = None
+        for q in self._queues:
+            while q and q[0].future.done():  # timed out or cancelled by the client
+                q.popleft()
+                self.pending -= 1
+            for entry in q:
+                if entry.future.done():
+                    continue
+                if key is None:
+                    key = entry.shape_key
+                elif entry.shape_key != key:
+                    return out
+                out.append(entry)
+                if len(out) >= limit:
+                    return out
+        return out
+
+    def decide(self, now_ns: int, idle_lanes: int) -> tuple[BatchDecision, list[Entry]]:
+        limit = max(1, self.cfg.max_batch_size) if self.cfg.max_batch_size > 0 else 1
+        head = self._compatible_head(limit + 1)
+        if not head:
+            self.pending = sum(len(q) for q in self._queues)
+            return BatchDecision(0, float("inf")), head
+        oldest_s = min(e.arrival_ns for e in head) / 1e9
+        decision = form_batch([e.batch_size for e in head], oldest_s, now_ns / 1e9, idle_lanes, self.cfg)
+        return decision, head
+
+    def take(self, entries: list[Entry]) -> Batch:
+        taken = set(map(id, entries))
+        size = 0
+        now = _now_ns()
+        for q in self._queues:
+            if not taken:
+                break
+            kept = deque()
+            while q:
+                e = q.popleft()
+                if id(e) in taken:
+                    taken.discard(id(e))
+                    e.dispatch_ns = now
+                    size += e.batch_size
+                    if e.timer is not None:
+                        e.timer.cancel()
+                    if not taken:
+                        break
+                else:
+                    kept.append(e)
+            if kept:
+                q.extendleft(reversed(kept))
+        self.pending -= len(entries)
+        self.in_flight += 1
+        return Batch(self, entries, size)
+
+    def has_pending(self) -> bool:
+        return self.pending > 0
+
+    def fail_all(self, exc: BaseException) -> int:
+        n = 0
+        for q in self._queues:
+            while q:
+                e = q.popleft()
+                if not e.future.done():
+                    e.future.set_exception(exc)
+                    n += 1
+                if e.timer is not None:
+                    e.timer.cancel()
+        self.pending = 0
+        return n

@@ -1,0 +1,293 @@
+"""DataPlane: the single entry point for HTTP, gRPC and requests forwarded by peers.
+
+The transports only translate wire formats to and from the calls below. Every failure is raised
+as a gt_serve.errors.GtServeError subclass whose message is meant for the client.
+
+Contract (stable; the protocol modules code against it):
+  live() -> bool, ready() -> bool
+  server_metadata() -> {"name", "version", "extensions": [...]}
+  model_metadata(name, version="") -> {"name", "versions": ["1"], "platform", "inputs": [{"name","datatype","shape"}], "outputs": [...]}
+  model_ready(name, version="") -> bool              (False for an unknown model, never raises)
+  model_config(name, version="") -> model_config_pb2.ModelConfig
+  async infer(InferRequest) -> InferResponse
+      Inputs arrive as Tensor with numpy data, or data=None and parameters naming a shared-memory
+      region (shared_memory_region / shared_memory_offset / shared_memory_byte_size): the data plane
+      reads those. Requested outputs are honoured in request order (all model outputs when None);
+      an output whose parameters name a region is written there and returned with data=None and the
+      shm parameters; `classification: k` turns an output into BYTES "value:index[:label]".
+  statistics(name="", version="") -> {"model_stats": [...]}   (JSON form, ints; see PROTOCOL.md §6)
+  repository_index(ready_only=False) -> [{"name","version","state","reason"}]
+  async load_model(name, parameters: dict) -> None    parameters: "config" JSON str; "file:<path>" bytes
+  async unload_model(name, unload_dependents=False) -> None
+  shm_register(name, key, offset, byte_size) / shm_unregister(name="") / shm_status(name="") -> [{"name","key","offset","byte_size"}]
+  cuda_shm_register(name, raw_handle: bytes, device_id, byte_size) / cuda_shm_unregister(name="") / cuda_shm_status(name="") -> [...]
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..datatypes import array_from_raw, element_count, raw_from_array
+from ..errors import GtServeError, InvalidArgument, ModelNotFound, Unavailable, Unsupported
+from ..types import InferRequest, InferResponse, RequestedOutput, Tensor
+from .model_config import model_config_json  # noqa: F401  (re-exported for the front ends)
+from .registry import READY, LoadedModel, ModelRegistry, decode_load_files
+from .shared_memory import CudaSharedMemory, SystemSharedMemory
+
+EXTENSIONS = ["classification", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+              "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data",
+              "parameters", "statistics"]
+
+_now_ns = time.monotonic_ns
+
+
+class DataPlane:
+    def __init__(self, registry: ModelRegistry, *, server_name: str = "gt_serve", model_control_mode: str = "none",
+                 shm: SystemSharedMemory | None = None, cuda_shm: CudaSharedMemory | None = None,
+                 default_timeout_s: float = 0.0, max_batch_size: int = 0, router: Any = None) -> None:
+        self.registry = registry
+        self.server_name = server_name
+        self.model_control_mode = model_control_mode
+        self.shm = shm or SystemSharedMemory()
+        self.cuda_shm = cuda_shm or CudaSharedMemory()
+        self.default_timeout_s = default_timeout_s
+        self.max_batch_size = max_batch_size
+        self.router = router  # optional: routes to peers (edge cluster); None = local only
+        self._ready = False
+        self._draining = False
+
+    # -- health & metadata --------------------------------------------------------------------
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self._ready and not self._draining
+
+    def set_ready(self, ready: bool) -> None:
+        self._ready = ready
+
+    def set_draining(self) -> None:
+        self._draining = True
+
+    def server_metadata(self) -> dict:
+        return {"name": self.server_name, "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.registry.ready(name, version)
+
+    def model_metadata(self, name: str, version: str = "") -> dict:
+        model = self.registry.get(name, version)
+        spec = model.spec
+        batch = [-1] if spec.max_batch_size > 0 else []
+        versions = sorted((m.version for m in self.registry.loaded() if m.name == name), key=int) if not version else [version]
+        return {
+            "name": name,
+            "versions": versions,
+            "platform": model.config.platform or "onnxruntime_onnx",
+            "inputs": [{"name": n, "datatype": spec.inputs[n].datatype, "shape": batch + list(spec.inputs[n].dims)}
+                       for n in spec.input_order],
+            "outputs": [{"name": n, "datatype": spec.outputs[n].datatype, "shape": batch + list(spec.outputs[n].dims)}
+                        for n in spec.output_order],
+        }
+
+    def model_config(self, name: str, version: str = ""):
+        return self.registry.get(name, version).config
+
+    # -- inference ------------------------------------------------------------------------------
+    async def infer(self, request: InferRequest) -> InferResponse:
+        start_ns = _now_ns()
+        model = self.registry.get(request.model_name, request.model_version)
+        if model.state != READY:
+            raise Unavailable(f"model '{model.name}' version {model.version} is not ready ({model.state})")
+        try:
+            feeds, batch_size, shape_key = self._check_inputs(model, request)
+            requested = self._check_outputs(model, request.outputs)
+            deadline_s = request.deadline_s
+            if deadline_s is None and self.default_timeout_s > 0:
+                deadline_s = time.monotonic() + self.default_timeout_s
+            outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority, deadline_s)
+            response_outputs = self._make_outputs(model, outputs, requested)
+        except GtServeError:
+            model.stats.record_failure(_now_ns() - start_ns)
+            raise
+        return InferResponse(model.name, model.version, request.id, response_outputs)
+
+    def _check_inputs(self, model: LoadedModel, request: InferRequest) -> tuple[dict, int, tuple]:
+        spec = model.spec
+        name = model.name
+        mbs = spec.max_batch_size
+        feeds: dict[str, np.ndarray] = {}
+        batch_size = 1
+        shape_key = []
+        for tensor in request.inputs:
+            ts = spec.inputs.get(tensor.name)
+            if ts is None:
+                raise InvalidArgument(f"unexpected inference input '{tensor.name}' for model '{name}'")
+            if tensor.name in feeds:
+                raise InvalidArgument(f"input '{tensor.name}' is given more than once for model '{name}'")
+            if tensor.datatype != ts.datatype:
+                raise InvalidArgument(f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
+                                      f"but model '{name}' expects '{ts.datatype}'")
+            shape = tuple(tensor.shape)
+            dims = ts.dims
+            body = shape[1:] if mbs > 0 else shape
+            if len(body) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, body)) or (mbs > 0 and not shape):
+                expected = ([-1] if mbs > 0 else []) + list(dims)
+                raise InvalidArgument(f"unexpected shape for input '{tensor.name}' for model '{name}'. "
+                                      f"Expected {expected}, got {list(shape)}")
+            if mbs > 0:
+                b = shape[0]
+                if b < 1 or b > mbs or (self.max_batch_size and b > self.max_batch_size):
+                    limit = min(mbs, self.max_batch_size) if self.max_batch_size else mbs
+                    raise InvalidArgument(f"inference request batch-size must be <= {limit} for '{name}', "
+                                          f"got {b} (input '{tensor.name}')")
+                if feeds and b != batch_size:
+                    raise InvalidArgument(f"input '{tensor.name}' has batch size {b} but other inputs have "
+                                          f"{batch_size} for model '{name}'")
+                batch_size = b
+            data = tensor.data
+            if data is None:
+                data = self._read_shm_input(tensor)
+            elif data.shape != shape:
+                raise InvalidArgument(f"input '{tensor.name}': data holds {data.size} elements, "
+                                      f"shape {list(shape)} needs {element_count(shape)}")
+            feeds[tensor.name] = data
+            shape_key.append(body)
+        if len(feeds) != len(spec.inputs):
+            missing = [n for n in spec.input_order if n not in feeds and not spec.inputs[n].optional]
+            if missing:
+                raise InvalidArgument(f"expected {len(spec.inputs)} inputs but got {len(feeds)} inputs for model "
+                                      f"'{name}'. Got input(s) {sorted(feeds)}, but missing required input(s) {missing}")
+        return feeds, batch_size, tuple(shape_key)
+
+    def _read_shm_input(self, tensor: Tensor) -> np.ndarray:
+        p = tensor.parameters
+        region = p.get("shared_memory_region")
+        if not region:
+            raise InvalidArgument(f"input '{tensor.name}' has no data")
+        size = p.get("shared_memory_byte_size")
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise InvalidArgument(f"input '{tensor.name}': 'shared_memory_byte_size' is required with a shared memory region")
+        offset = p.get("shared_memory_offset", 0)
+        raw = self.shm.read(str(region), int(offset), size, tensor.name)
+        return array_from_raw(tensor.name, tensor.datatype, tuple(tensor.shape), raw)
+
+    def _check_outputs(self, model: LoadedModel, outputs: list[RequestedOutput] | None):
+        if outputs is None:
+            return None
+        spec = model.spec
+        seen = set()
+        for out in outputs:
+            if out.name not in spec.outputs:
+                raise InvalidArgument(f"unexpected inference output '{out.name}' for model '{model.name}'")
+            if out.name in seen:
+                raise InvalidArgument(f"output '{out.name}' is requested more than once for model '{model.name}'")
+            seen.add(out.name)
+            k = out.parameters.get("classification")
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+                raise InvalidArgument(f"output '{out.name}': 'classification' must be a positive integer, got {k!r}")
+            if k is not None and out.parameters.get("shared_memory_region"):
+                raise InvalidArgument(f"output '{out.name}': classification cannot be written to shared memory")
+        return outputs
+
+    def _make_outputs(self, model: LoadedModel, arrays: list[np.ndarray], requested) -> list[Tensor]:
+        spec = model.spec
+        order = spec.output_order
+        if requested is None:
+            return [Tensor(n, spec.outputs[n].datatype, a.shape, a) for n, a in zip(order, arrays)]
+        index = {n: i for i, n in enumerate(order)}
+        result = []
+        for out in requested:
+            array = arrays[index[out.name]]
+            datatype = spec.outputs[out.name].datatype
+            params = out.parameters
+            k = params.get("classification")
+            if k is not None:
+                array = classify(array, int(k), spec.max_batch_size > 0, spec.labels.get(out.name))
+                datatype = "BYTES"
+            region = params.get("shared_memory_region")
+            if region:
+                size = params.get("shared_memory_byte_size")
+                if not isinstance(size, int) or isinstance(size, bool):
+                    raise InvalidArgument(f"output '{out.name}': 'shared_memory_byte_size' is required with a "
+                                          "shared memory region")
+                raw = raw_from_array(array, datatype)
+                self.shm.write(str(region), int(params.get("shared_memory_offset", 0)), raw, size, out.name)
+                shm_params = {k2: v for k2, v in params.items() if k2.startswith("shared_memory_")}
+                result.append(Tensor(out.name, datatype, array.shape, None, shm_params))
+            else:
+                result.append(Tensor(out.name, datatype, array.shape, array))
+        return result
+
+    # -- statistics ---------------------------------------------------------------------------
+    def statistics(self, name: str = "", version: str = "") -> dict:
+        if not name:
+            models = self.registry.loaded()
+        else:
+            if name not in self.registry.names():
+                raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
+            models = [m for m in self.registry.loaded() if m.name == name and (not version or m.version == version)]
+            if version and not models:
+                raise ModelNotFound(f"Request for unknown model: '{name}' version {version} is not found")
+        return {"model_stats": [m.stats.as_dict() for m in sorted(models, key=lambda m: (m.name, int(m.version)))]}
+
+    # -- repository -----------------------------------------------------------------------------
+    def repository_index(self, ready_only: bool = False) -> list[dict]:
+        return self.registry.index(ready_only)
+
+    def _check_control(self, what: str, name: str) -> None:
+        if self.model_control_mode != "explicit":
+            raise Unsupported(f"failed to {what} '{name}': explicit model load / unload is not allowed "
+                              f"(start gt-serve with --model-control-mode explicit)")
+
+    async def load_model(self, name: str, parameters: dict | None = None) -> None:
+        self._check_control("load", name)
+        parameters = parameters or {}
+        config = parameters.get("config")
+        if config is not None and not isinstance(config, str):
+            if isinstance(config, (bytes, bytearray)):
+                config = bytes(config).decode("utf-8", "replace")
+            else:
+                raise InvalidArgument(f"failed to load '{name}': parameter 'config' must be a JSON string")
+        await self.registry.load(name, config, decode_load_files(parameters))
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self._check_control("unload", name)
+        await self.registry.unload(name)
+
+    # -- shared memory --------------------------------------------------------------------------
+    def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.shm.register(name, key, offset, byte_size)
+
+    def shm_unregister(self, name: str = "") -> None:
+        self.shm.unregister(name)
+
+    def shm_status(self, name: str = "") -> list[dict]:
+        return self.shm.status(name)
+
+    def cuda_shm_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self.cuda_shm.register(name, raw_handle, device_id, byte_size)
+
+    def cuda_shm_unregister(self, name: str = "") -> None:
+        self.cuda_shm.unregister(name)
+
+    def cuda_shm_status(self, name: str = "") -> list[dict]:
+        return self.cuda_shm.status(name)
+
+
+def classify(array: np.ndarray, k: int, batched: bool, labels: list[str] | None) -> np.ndarray:
+    """Top-k per batch row as BYTES 'value:index[:label]' (Triton's classification extension)."""
+    rows = array.reshape(array.shape[0], -1) if batched else array.reshape(1, -1)
+    k = min(k, rows.shape[1])
+    out = np.empty((rows.shape[0], k), dtype=object)
+    for r, row in enumerate(rows):
+        idx = np.argsort(-row, kind="stable")[:k]
+        for j, i in enumerate(idx):
+            value = row[i]
+            text = f"{float(value):f}" if row.dtype.kind == "f" else str(value.item())
+            label = labels[i] if labels and i < len(labels) else None
+            out[r, j] = (f"{text}:{i}:{label}" if label else f"{text}:{i}").encode()
+    return out if batched else out.reshape(k)

@@ -1,0 +1,173 @@
+"""Model configuration: config.pbtxt (protobuf text format) or a JSON override, completed from the
+ONNX graph the Triton way, and the derived per-model specs the data plane validates against."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..errors import ConfigError, InvalidArgument
+from ..types import TensorSpec
+
+DEFAULT_MAX_BATCH_SIZE = 4  # Triton's default when auto-completing a batching model
+
+_V2_TO_TYPE = {
+    "BOOL": mc.TYPE_BOOL, "UINT8": mc.TYPE_UINT8, "UINT16": mc.TYPE_UINT16, "UINT32": mc.TYPE_UINT32,
+    "UINT64": mc.TYPE_UINT64, "INT8": mc.TYPE_INT8, "INT16": mc.TYPE_INT16, "INT32": mc.TYPE_INT32,
+    "INT64": mc.TYPE_INT64, "FP16": mc.TYPE_FP16, "FP32": mc.TYPE_FP32, "FP64": mc.TYPE_FP64,
+    "BYTES": mc.TYPE_STRING, "BF16": mc.TYPE_BF16,
+}
+_TYPE_TO_V2 = {v: k for k, v in _V2_TO_TYPE.items()}
+
+# describe(model_path) -> (inputs, outputs); each item has .name, .datatype (V2), .dims (incl. batch dim, -1 symbolic)
+Describe = Callable[[str], tuple[list, list]]
+
+
+def v2_from_config_type(data_type: int) -> str:
+    return _TYPE_TO_V2.get(data_type, "INVALID")
+
+
+def parse_pbtxt(text: str, where: str) -> mc.ModelConfig:
+    cfg = mc.ModelConfig()
+    try:
+        text_format.Parse(text, cfg)
+    except text_format.ParseError as exc:
+        raise ConfigError(f"{where}: invalid model configuration: {exc}") from None
+    return cfg
+
+
+def parse_json_override(text: str, name: str) -> mc.ModelConfig:
+    cfg = mc.ModelConfig()
+    try:
+        json_format.Parse(text, cfg, ignore_unknown_fields=False)
+    except (json_format.ParseError, ValueError) as exc:
+        raise InvalidArgument(f"failed to load '{name}': invalid config override: {exc}") from None
+    return cfg
+
+
+def complete_config(cfg: mc.ModelConfig, name: str, graph_inputs: list, graph_outputs: list,
+                    batching_explicit: bool) -> mc.ModelConfig:
+    """Fill what the config leaves out from the ONNX graph; check what it states against the graph."""
+    cfg.name = cfg.name or name
+    if cfg.name != name:
+        raise ConfigError(f"model '{name}': config name '{cfg.name}' does not match the directory name")
+    if not cfg.platform and not cfg.backend:
+        cfg.platform = "onnxruntime_onnx"
+    if not cfg.backend:
+        cfg.backend = "onnxruntime"
+    if cfg.platform and cfg.platform not in ("onnxruntime_onnx",):
+        raise ConfigError(f"model '{name}': platform '{cfg.platform}' is not supported (only onnxruntime_onnx)")
+    if not cfg.default_model_filename:
+        cfg.default_model_filename = "model.onnx"
+    all_graph = list(graph_inputs) + list(graph_outputs)
+    can_batch = bool(all_graph) and all(t.dims and t.dims[0] == -1 for t in all_graph)
+    if not batching_explicit and cfg.max_batch_size == 0 and can_batch:
+        cfg.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+        if not cfg.HasField("dynamic_batching"):
+            cfg.dynamic_batching.SetInParent()
+    if cfg.max_batch_size > 0 and not can_batch:
+        raise ConfigError(f"model '{name}': max_batch_size {cfg.max_batch_size} needs a variable first "
+                          "dimension on every input and output of the ONNX graph")
+    _merge_tensors(cfg, cfg.input, graph_inputs, "input", name)
+    _merge_tensors(cfg, cfg.output, graph_outputs, "output", name)
+    if not cfg.HasField("version_policy"):
+        cfg.version_policy.latest.num_versions = 1
+    if not cfg.instance_group:
+        cfg.instance_group.add(name=name, kind=mc.ModelInstanceGroup.KIND_AUTO, count=1)
+    return cfg
+
+
+def _merge_tensors(cfg, tensors, graph: list, what: str, name: str) -> None:
+    by_name = {t.name: t for t in graph}
+    skip = 1 if cfg.max_batch_size > 0 else 0
+    existing = {t.name for t in tensors}
+    for t in tensors:
+        g = by_name.get(t.name)
+        if g is None:
+            raise ConfigError(f"model '{name}': {what} '{t.name}' in the config is not in the ONNX graph "
+                              f"(graph {what}s: {', '.join(by_name) or 'none'})")
+        if t.data_type == mc.TYPE_INVALID:
+            t.data_type = _V2_TO_TYPE.get(g.datatype, mc.TYPE_INVALID)
+        elif _TYPE_TO_V2.get(t.data_type) != g.datatype:
+            raise ConfigError(f"model '{name}': {what} '{t.name}' has data_type "
+                              f"{mc.DataType.Name(t.data_type)} in the config but {g.datatype} in the ONNX graph")
+        if not t.dims and not (t.HasField("reshape") if hasattr(t, "reshape") else False):
+            t.dims.extend(g.dims[skip:])
+    for g in graph:
+        if g.name not in existing:
+            t = tensors.add()
+            t.name = g.name
+            t.data_type = _V2_TO_TYPE.get(g.datatype, mc.TYPE_INVALID)
+            t.dims.extend(g.dims[skip:])
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the data plane checks requests against, derived once per load."""
+
+    name: str
+    max_batch_size: int
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    input_order: tuple[str, ...]
+    output_order: tuple[str, ...]
+    labels: dict[str, list[str]]
+
+
+def spec_from_config(cfg: mc.ModelConfig, model_dir: Path) -> ModelSpec:
+    def specs(tensors):
+        return {t.name: TensorSpec(t.name, v2_from_config_type(t.data_type), tuple(int(d) for d in t.dims),
+                                   bool(getattr(t, "optional", False))) for t in tensors}
+
+    labels: dict[str, list[str]] = {}
+    for out in cfg.output:
+        if out.label_filename:
+            path = model_dir / out.label_filename
+            try:
+                labels[out.name] = [line.rstrip("\n") for line in path.read_text().splitlines()]
+            except OSError:
+                raise ConfigError(f"model '{cfg.name}': label file '{out.label_filename}' cannot be read") from None
+    return ModelSpec(cfg.name, int(cfg.max_batch_size), specs(cfg.input), specs(cfg.output),
+                     tuple(t.name for t in cfg.input), tuple(t.name for t in cfg.output), labels)
+
+
+def config_mentions_batching(text: str) -> bool:
+    return "max_batch_size" in text
+
+
+def model_config_json(cfg: mc.ModelConfig) -> dict:
+    """JSON form for /config: proto field names, enums as names, every field, int64 as numbers."""
+    data = json_format.MessageToDict(cfg, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+    return _ints(data, mc.ModelConfig.DESCRIPTOR)
+
+
+def _ints(value, descriptor):
+    """MessageToDict writes int64 fields as strings; Triton's clients expect numbers."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    int64 = (F.TYPE_INT64, F.TYPE_UINT64, F.TYPE_SINT64, F.TYPE_FIXED64, F.TYPE_SFIXED64)
+    if not isinstance(value, dict):
+        return value
+    for key, item in list(value.items()):
+        field = descriptor.fields_by_name.get(key)
+        if field is None:
+            continue
+        if field.type == F.TYPE_MESSAGE:
+            sub = field.message_type
+            if sub.GetOptions().map_entry:
+                vfield = sub.fields_by_name["value"]
+                if vfield.type == F.TYPE_MESSAGE:
+                    value[key] = {k: _ints(v, vfield.message_type) for k, v in item.items()}
+                elif vfield.type in int64:
+                    value[key] = {k: int(v) for k, v in item.items()}
+            elif isinstance(item, list):
+                value[key] = [_ints(v, sub) for v in item]
+            else:
+                value[key] = _ints(item, sub)
+        elif field.type in int64:
+            value[key] = [int(v) for v in item] if isinstance(item, list) else int(item)
+    return value

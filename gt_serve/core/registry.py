@@ -1,0 +1,272 @@
+"""Model repository: discovery, config (+ completion from the ONNX graph), versions, load/unload states.
+
+Triton layout: NAME/config.pbtxt (optional), NAME/VERSION/model.onnx. Loading is done off the event
+loop (sessions take time to build); the executors themselves come from an injected ModelHost.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..errors import ConfigError, GtServeError, InvalidArgument, ModelNotFound, Unavailable
+from .model_config import (Describe, ModelSpec, complete_config, config_mentions_batching, parse_json_override,
+                           parse_pbtxt, spec_from_config)
+from .statistics import ModelStats
+
+log = logging.getLogger(__name__)
+
+READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """One loaded version of a model."""
+
+    name: str
+    version: str
+    path: Path
+    config: mc.ModelConfig
+    spec: ModelSpec
+    stats: ModelStats
+    executor: Any = None  # set by the ModelHost: has `async submit(...)` and `async close(...)`
+    state: str = LOADING
+    reason: str = ""
+
+
+class ModelHost(Protocol):
+    def open(self, model: LoadedModel) -> None:
+        """Build sessions and the executor for `model` (blocking; called in a worker thread)."""
+
+    async def close(self, model: LoadedModel, drain_timeout_s: float) -> None:
+        """Stop taking work, drain or fail what is queued, release sessions."""
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    state: str = UNAVAILABLE
+    reason: str = "unloaded"
+    versions: dict[str, LoadedModel] = field(default_factory=dict)
+    latest: LoadedModel | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    tmp_dir: Path | None = None
+
+
+class ModelRegistry:
+    def __init__(self, repository: Path, describe: Describe, host: ModelHost, *, drain_timeout_s: float = 30.0) -> None:
+        self.repository = Path(repository)
+        self._describe = describe
+        self._host = host
+        self._drain_timeout_s = drain_timeout_s
+        self._entries: dict[str, ModelEntry] = {}
+
+    # -- lookups (hot path) -------------------------------------------------------------------
+    def get(self, name: str, version: str = "") -> LoadedModel:
+        entry = self._entries.get(name)
+        if entry is None or entry.latest is None:
+            if entry is None or not self._on_disk(name):
+                raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
+            raise Unavailable(f"Request for unknown model: '{name}' has no available versions "
+                              f"(state {entry.state}{': ' + entry.reason if entry.reason else ''})")
+        if not version:
+            return entry.latest
+        model = entry.versions.get(version)
+        if model is None:
+            raise ModelNotFound(f"Request for unknown model: '{name}' version {version} is not found")
+        return model
+
+    def ready(self, name: str, version: str = "") -> bool:
+        try:
+            return self.get(name, version).state == READY
+        except GtServeError:
+            return False
+
+    def loaded(self) -> list[LoadedModel]:
+        return [m for e in self._entries.values() for m in e.versions.values()]
+
+    def names(self) -> list[str]:
+        return sorted(set(self._entries) | set(self.scan()))
+
+    # -- repository -----------------------------------------------------------------------------
+    def scan(self) -> list[str]:
+        if not self.repository.is_dir():
+            return []
+        return sorted(p.name for p in self.repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def _on_disk(self, name: str) -> bool:
+        return (self.repository / name).is_dir() or (name in self._entries and self._entries[name].tmp_dir is not None)
+
+    def index(self, ready_only: bool = False) -> list[dict]:
+        rows = []
+        for name in self.names():
+            entry = self._entries.get(name)
+            if entry is None or not entry.versions:
+                if ready_only:
+                    continue
+                state, reason = (entry.state, entry.reason) if entry else (UNAVAILABLE, "unloaded")
+                rows.append({"name": name, "version": "", "state": state, "reason": reason})
+                continue
+            for version, model in sorted(entry.versions.items(), key=lambda kv: int(kv[0])):
+                if ready_only and model.state != READY:
+                    continue
+                rows.append({"name": name, "version": version, "state": model.state, "reason": model.reason})
+        return rows
+
+    # -- load / unload --------------------------------------------------------------------------
+    async def load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        if not name or "/" in name or name.startswith("."):
+            raise InvalidArgument(f"failed to load '{name}': invalid model name")
+        entry = self._entries.setdefault(name, ModelEntry(name))
+        async with entry.lock:
+            model_dir = self.repository / name
+            tmp_dir = None
+            if files:
+                if config_json is None:
+                    raise InvalidArgument(f"failed to load '{name}': file overrides need a 'config' parameter")
+                tmp_dir = Path(tempfile.mkdtemp(prefix=f"gt_serve_{name}_"))
+                for key, data in files.items():
+                    rel = Path(key[len("file:"):])
+                    if rel.is_absolute() or ".." in rel.parts:
+                        raise InvalidArgument(f"failed to load '{name}': invalid file override path '{key}'")
+                    (tmp_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (tmp_dir / rel).write_bytes(data)
+                model_dir = tmp_dir
+            elif not model_dir.is_dir():
+                if not entry.versions:
+                    self._entries.pop(name, None)
+                raise InvalidArgument(f"failed to load '{name}': no model directory '{name}' in the repository")
+            entry.state, entry.reason = LOADING, ""
+            try:
+                new_versions = await asyncio.to_thread(self._open_versions, name, model_dir, config_json)
+            except GtServeError as exc:
+                entry.state, entry.reason = (READY, "") if entry.versions else (UNAVAILABLE, str(exc))
+                if tmp_dir:
+                    shutil.rmtree(tmp_dir, ignore_errors=True)
+                if isinstance(exc, ConfigError) or not str(exc).startswith("failed to load"):
+                    raise InvalidArgument(f"failed to load '{name}': {exc}") from None
+                raise
+            old = list(entry.versions.values())
+            old_tmp = entry.tmp_dir
+            entry.versions = new_versions
+            entry.latest = new_versions[max(new_versions, key=int)]
+            entry.state, entry.reason, entry.tmp_dir = READY, "", tmp_dir
+            for model in new_versions.values():
+                model.state = READY
+            for model in old:
+                await self._close(model, "unloaded (replaced by a reload)")
+            if old_tmp:
+                shutil.rmtree(old_tmp, ignore_errors=True)
+        log.info("loaded model %s versions %s", name, ",".join(sorted(new_versions, key=int)))
+
+    def _open_versions(self, name: str, model_dir: Path, config_json: str | None) -> dict[str, LoadedModel]:
+        pbtxt = model_dir / "config.pbtxt"
+        if config_json is not None:
+            base = parse_json_override(config_json, name)
+            explicit = '"max_batch_size"' in config_json or "max_batch_size" in config_json
+        elif pbtxt.is_file():
+            text = pbtxt.read_text()
+            base = parse_pbtxt(text, f"model '{name}' config.pbtxt")
+            explicit = config_mentions_batching(text)
+        else:
+            base, explicit = mc.ModelConfig(), False
+        filename = base.default_model_filename or "model.onnx"
+        available = sorted((int(p.name) for p in model_dir.iterdir()
+                            if p.is_dir() and p.name.isdigit() and (p / filename).is_file()), reverse=True)
+        if not available:
+            raise InvalidArgument(f"failed to load '{name}': no version directory with {filename} under '{model_dir}'")
+        chosen = _apply_version_policy(base, available, name)
+        graph_in, graph_out = self._describe(str(model_dir / str(chosen[0]) / filename))
+        opened: dict[str, LoadedModel] = {}
+        try:
+            for version in chosen:
+                cfg = mc.ModelConfig()
+                cfg.CopyFrom(base)
+                path = model_dir / str(version) / filename
+                if version != chosen[0]:
+                    graph_in, graph_out = self._describe(str(path))
+                complete_config(cfg, name, graph_in, graph_out, explicit)
+                spec = spec_from_config(cfg, model_dir)
+                model = LoadedModel(name, str(version), path, cfg, spec, ModelStats(name, str(version)))
+                self._host.open(model)
+                opened[str(version)] = model
+        except Exception as exc:
+            for model in opened.values():
+                _close_quietly(self._host, model)
+            if isinstance(exc, GtServeError):
+                raise
+            raise InvalidArgument(f"failed to load '{name}': {type(exc).__name__}: {exc}") from None
+        return opened
+
+    async def unload(self, name: str) -> None:
+        entry = self._entries.get(name)
+        if entry is None:
+            if not self._on_disk(name):
+                raise InvalidArgument(f"failed to unload '{name}': unknown model")
+            return
+        async with entry.lock:
+            models = list(entry.versions.values())
+            entry.versions, entry.latest = {}, None
+            entry.state, entry.reason = UNLOADING, ""
+            for model in models:
+                await self._close(model, "unloaded")
+            entry.state, entry.reason = UNAVAILABLE, "unloaded"
+            if entry.tmp_dir:
+                shutil.rmtree(entry.tmp_dir, ignore_errors=True)
+                entry.tmp_dir = None
+        log.info("unloaded model %s", name)
+
+    async def _close(self, model: LoadedModel, reason: str) -> None:
+        model.state, model.reason = UNLOADING, ""
+        try:
+            await self._host.close(model, self._drain_timeout_s)
+        finally:
+            model.state, model.reason = UNAVAILABLE, reason
+
+    async def close_all(self) -> None:
+        for name in list(self._entries):
+            await self.unload(name)
+
+
+def _apply_version_policy(cfg: mc.ModelConfig, available: list[int], name: str) -> list[int]:
+    policy = cfg.version_policy
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        return available
+    if which == "specific":
+        wanted = [int(v) for v in policy.specific.versions]
+        missing = [v for v in wanted if v not in available]
+        if missing:
+            raise InvalidArgument(f"failed to load '{name}': versions {missing} named by the version policy are missing")
+        return sorted(wanted, reverse=True)
+    num = policy.latest.num_versions if which == "latest" and policy.latest.num_versions > 0 else 1
+    return available[:num]
+
+
+def _close_quietly(host: ModelHost, model: LoadedModel) -> None:
+    closer = getattr(host, "close_now", None)
+    if closer is not None:
+        closer(model)
+
+
+def decode_load_files(parameters: dict[str, Any]) -> dict[str, bytes]:
+    """HTTP sends file overrides base64-encoded, gRPC as bytes: normalise to bytes."""
+    files = {}
+    for key, value in parameters.items():
+        if not key.startswith("file:"):
+            continue
+        if isinstance(value, (bytes, bytearray)):
+            files[key] = bytes(value)
+        else:
+            try:
+                files[key] = base64.b64decode(str(value), validate=True)
+            except ValueError:
+                raise InvalidArgument(f"load parameter '{key}' is not valid base64") from None
+    return files

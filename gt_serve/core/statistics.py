@@ -1,0 +1,88 @@
+"""Per model-version statistics in Triton's statistics-extension shape (PROTOCOL.md §6).
+
+Updated per batch (compute) and per request (success/fail/queue); read by /stats and metrics.
+"""
+from __future__ import annotations
+
+import time
+
+
+class Duration:
+    __slots__ = ("count", "ns")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.ns = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_dict(self) -> dict:
+        return {"count": self.count, "ns": self.ns}
+
+
+class BatchStat:
+    __slots__ = ("compute_input", "compute_infer", "compute_output")
+
+    def __init__(self) -> None:
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+
+
+_INFER_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
+
+
+class ModelStats:
+    """Counters for one model version. Mutated only on the event loop thread."""
+
+    def __init__(self, name: str, version: str) -> None:
+        self.name = name
+        self.version = version
+        self.last_inference_ms = 0
+        self.inference_count = 0
+        self.execution_count = 0
+        self.durations = {k: Duration() for k in _INFER_KEYS}
+        self.batches: dict[int, BatchStat] = {}
+        self.energy_j = 0.0
+
+    def record_batch(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int, request_count: int) -> None:
+        """One model execution of `batch_size` samples formed from `request_count` requests."""
+        self.execution_count += 1
+        self.inference_count += batch_size
+        self.last_inference_ms = int(time.time() * 1000)
+        d = self.durations
+        d["compute_input"].add(input_ns * request_count, request_count)
+        d["compute_infer"].add(infer_ns * request_count, request_count)
+        d["compute_output"].add(output_ns * request_count, request_count)
+        b = self.batches.get(batch_size)
+        if b is None:
+            b = self.batches[batch_size] = BatchStat()
+        b.compute_input.add(input_ns)
+        b.compute_infer.add(infer_ns)
+        b.compute_output.add(output_ns)
+
+    def record_success(self, request_ns: int, queue_ns: int) -> None:
+        self.durations["success"].add(request_ns)
+        self.durations["queue"].add(queue_ns)
+
+    def record_failure(self, request_ns: int) -> None:
+        self.durations["fail"].add(request_ns)
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {k: v.as_dict() for k, v in self.durations.items()},
+            "response_stats": {},
+            "batch_stats": [
+                {"batch_size": size, "compute_input": b.compute_input.as_dict(),
+                 "compute_infer": b.compute_infer.as_dict(), "compute_output": b.compute_output.as_dict()}
+                for size, b in sorted(self.batches.items())
+            ],
+            "memory_usage": [],
+        }

@@ -1,0 +1,1 @@
+"""Threads and streams: lanes that run batches off the event loop."""

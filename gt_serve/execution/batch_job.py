@@ -1,0 +1,75 @@
+"""The work a lane does for one batch: pack the requests' inputs, run the session, split the outputs.
+
+Runs in the lane's thread. Timings are returned so statistics are kept per batch, not per request.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+_now_ns = time.perf_counter_ns
+
+
+class BatchJob:
+    """Callable bound to one batch; returns (per-request outputs, (input_ns, infer_ns, output_ns))."""
+
+    __slots__ = ("runner", "backend", "feeds_list", "counts", "input_order", "output_names")
+
+    def __init__(self, runner: Any, backend: Any, feeds_list: Sequence[dict], counts: Sequence[int],
+                 input_order: Sequence[str], output_names: list[str]) -> None:
+        self.runner = runner
+        self.backend = backend
+        self.feeds_list = feeds_list
+        self.counts = counts
+        self.input_order = input_order
+        self.output_names = output_names
+
+    def __call__(self):
+        t0 = _now_ns()
+        feeds_list = self.feeds_list
+        if len(feeds_list) == 1:
+            feeds = feeds_list[0]
+        else:
+            pack = self.backend.pack
+            feeds = {name: pack([f[name] for f in feeds_list]) for name in feeds_list[0]}
+        t1 = _now_ns()
+        outputs = self.runner.run(feeds, self.output_names)
+        t2 = _now_ns()
+        if len(feeds_list) == 1:
+            per_request = [outputs]
+        else:
+            splits = [self.backend.scatter(out, self.counts) for out in outputs]
+            per_request = [[s[i] for s in splits] for i in range(len(feeds_list))]
+        t3 = _now_ns()
+        return per_request, (t1 - t0, t2 - t1, t3 - t2)
+
+
+class SimpleArrayBackend:
+    """Minimal pack/scatter used until a kernel backend is injected (same signatures as NumpyBackend)."""
+
+    name = "numpy"
+
+    @staticmethod
+    def pack(arrays: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        return np.concatenate(arrays, axis=0, out=out)
+
+    @staticmethod
+    def scatter(batch: np.ndarray, counts: Sequence[int], copy: bool = False) -> list[np.ndarray]:
+        out, offset = [], 0
+        for n in counts:
+            out.append(batch[offset:offset + n])
+            offset += n
+        return out
+
+
+def make_job_factory(backend: Any):
+    """job_factory(runner, batch, spec) for the model host: one BatchJob per formed batch."""
+
+    def job_factory(runner: Any, batch: Any, spec: Any) -> BatchJob:
+        entries = batch.entries
+        return BatchJob(runner, backend, [e.feeds for e in entries], [e.batch_size for e in entries],
+                        spec.input_order, list(spec.output_order))
+
+    return job_factory

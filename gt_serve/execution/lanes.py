@@ -1,0 +1,78 @@
+"""A lane = one worker thread (+ a CUDA stream on a GPU) that runs batch jobs off the event loop.
+
+Jobs are plain callables; the result (or exception) is handed back to the loop with one
+call_soon_threadsafe per batch. onnxruntime releases the GIL while it computes.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+Done = Callable[[Any, BaseException | None], None]
+
+
+@dataclass(eq=False)
+class Lane:
+    lane_id: str
+    device: str  # "cpu" or "gpu:<id>"
+    loop: asyncio.AbstractEventLoop
+    stream: Any = None  # cupy Stream on GPU lanes
+    busy: bool = False
+    batches_run: int = 0
+    busy_ns: int = 0
+    _jobs: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._work, name=f"lane-{self.lane_id}", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], Any], done: Done) -> None:
+        self.busy = True
+        self._jobs.put((job, done))
+
+    def _work(self) -> None:
+        call = self.loop.call_soon_threadsafe
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, done = item
+            try:
+                if self.stream is not None:
+                    with self.stream:
+                        result = job()
+                else:
+                    result = job()
+                exc = None
+            except BaseException as e:  # handed to the loop: the batch fails, the lane lives on
+                result, exc = None, e
+            try:
+                call(done, result, exc)
+            except RuntimeError:  # loop closed during shutdown
+                return
+
+    def stop(self, join_timeout_s: float = 5.0) -> None:
+        self._jobs.put(None)
+        if self._thread is not None:
+            self._thread.join(join_timeout_s)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("gpu")
+
+
+def plan_cpu_lanes(cores: int, lanes: int = 0, intra_op_threads: int = 0) -> tuple[int, int]:
+    """Lanes share the cores without oversubscribing them: lanes x threads <= cores."""
+    cores = max(1, cores)
+    if lanes <= 0:
+        lanes = min(cores, 4)
+    if intra_op_threads <= 0:
+        intra_op_threads = max(1, cores // lanes)
+    return lanes, intra_op_threads

@@ -1,0 +1,180 @@
+"""Small ONNX models built with the onnx helper API: the bundled demo repository and the tests use them.
+
+Kept in the package (not in tests/) so `gt-serve` with no flags can write its demo repository.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+OPSET = 17
+IR_VERSION = 9
+
+
+def _save(graph, path: Path) -> None:
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
+def simple_add_sub(path: Path, batch: bool = True, size: int = 16) -> None:
+    """INT32 INPUT0, INPUT1 [B, size] -> OUTPUT0 = sum, OUTPUT1 = difference (Triton's `simple`)."""
+    from onnx import TensorProto, helper
+
+    dims = ["batch", size] if batch else [size]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT32, dims) for n in ("INPUT0", "INPUT1")]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.INT32, dims) for n in ("OUTPUT0", "OUTPUT1")]
+    nodes = [
+        helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+        helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+    ]
+    _save(helper.make_graph(nodes, "simple", inputs, outputs), path)
+
+
+def scale(path: Path, factor: float = 2.0, width: int = 4) -> None:
+    """FP32 INPUT [B, width] -> OUTPUT = INPUT * factor."""
+    from onnx import TensorProto, helper
+
+    inp = helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", width])
+    out = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", width])
+    k = helper.make_tensor("k", TensorProto.FLOAT, [], [factor])
+    node = helper.make_node("Mul", ["INPUT", "k"], ["OUTPUT"])
+    _save(helper.make_graph([node], "scale", [inp], [out], initializer=[k]), path)
+
+
+def add_one_fixed(path: Path, width: int = 4) -> None:
+    """FP32 INPUT [width] (no batch dimension) -> OUTPUT = INPUT + 1."""
+    from onnx import TensorProto, helper
+
+    inp = helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, [width])
+    out = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, [width])
+    k = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
+    node = helper.make_node("Add", ["INPUT", "one"], ["OUTPUT"])
+    _save(helper.make_graph([node], "nobatch", [inp], [out], initializer=[k]), path)
+
+
+def string_identity(path: Path) -> None:
+    """BYTES INPUT [B, N] -> OUTPUT identity."""
+    from onnx import TensorProto, helper
+
+    inp = helper.make_tensor_value_info("INPUT", TensorProto.STRING, ["batch", "n"])
+    out = helper.make_tensor_value_info("OUTPUT", TensorProto.STRING, ["batch", "n"])
+    node = helper.make_node("Identity", ["INPUT"], ["OUTPUT"])
+    _save(helper.make_graph([node], "strings", [inp], [out]), path)
+
+
+def dtype_identity(path: Path) -> None:
+    """Identity for several datatypes: IN_<T> [B, 3] -> OUT_<T>."""
+    from onnx import TensorProto, helper
+
+    types = {"INT64": TensorProto.INT64, "FP16": TensorProto.FLOAT16, "BOOL": TensorProto.BOOL,
+             "UINT8": TensorProto.UINT8, "FP64": TensorProto.DOUBLE, "INT8": TensorProto.INT8}
+    inputs, outputs, nodes = [], [], []
+    for name, t in types.items():
+        inputs.append(helper.make_tensor_value_info(f"IN_{name}", t, ["batch", 3]))
+        outputs.append(helper.make_tensor_value_info(f"OUT_{name}", t, ["batch", 3]))
+        nodes.append(helper.make_node("Identity", [f"IN_{name}"], [f"OUT_{name}"]))
+    _save(helper.make_graph(nodes, "dtypes", inputs, outputs), path)
+
+
+def classifier(path: Path, features: int = 8, classes: int = 5, seed: int = 0) -> np.ndarray:
+    """FP32 INPUT [B, features] -> OUTPUT softmax(INPUT @ W) [B, classes]. Returns W."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(seed).standard_normal((features, classes)).astype(np.float32)
+    inp = helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", features])
+    out = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", classes])
+    nodes = [helper.make_node("MatMul", ["INPUT", "W"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["OUTPUT"], axis=-1)]
+    graph = helper.make_graph(nodes, "classifier", [inp], [out], initializer=[numpy_helper.from_array(w, "W")])
+    _save(graph, path)
+    return w
+
+
+def mlp(path: Path, sizes=(256, 1024, 1024, 10), seed: int = 0) -> None:
+    """FP32 MLP: INPUT [B, sizes[0]] -> OUTPUT [B, sizes[-1]] with ReLU between layers."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+    prev = "INPUT"
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        w = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
+        bias = np.zeros(b, np.float32)
+        inits += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(bias, f"B{i}")]
+        out = "OUTPUT" if i == len(sizes) - 2 else f"h{i}"
+        nodes.append(helper.make_node("Gemm", [prev, f"W{i}", f"B{i}"], [f"g{i}" if out != "OUTPUT" else "OUTPUT"]))
+        if out != "OUTPUT":
+            nodes.append(helper.make_node("Relu", [f"g{i}"], [out]))
+        prev = out
+    inp = helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", sizes[0]])
+    outp = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", sizes[-1]])
+    _save(helper.make_graph(nodes, "mlp", [inp], [outp], initializer=inits), path)
+
+
+def cnn(path: Path, seed: int = 0) -> None:
+    """FP32 CNN, about 100 MFLOP per sample: INPUT [B, 3, 64, 64] -> OUTPUT [B, 10]."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def conv(name, x, cin, cout, stride):
+        w = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"{name}_w"))
+        inits.append(numpy_helper.from_array(np.zeros(cout, np.float32), f"{name}_b"))
+        nodes.append(helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [f"{name}_c"],
+                                      pads=[1, 1, 1, 1], strides=[stride, stride]))
+        nodes.append(helper.make_node("Relu", [f"{name}_c"], [f"{name}_r"]))
+        return f"{name}_r"
+
+    # 64x64: 3->32 (s1): 64*64*32*27*2 = 7 MFLOP; 32->64 s2 (32x32): 37.7 MFLOP; 64->64 (32x32): 75 MFLOP ... trimmed below
+    x = conv("c1", "INPUT", 3, 16, 1)     # 64x64x16: 3.5 MFLOP
+    x = conv("c2", x, 16, 32, 2)          # 32x32x32: 9.4 MFLOP
+    x = conv("c3", x, 32, 64, 1)          # 32x32x64: 37.7 MFLOP
+    x = conv("c4", x, 64, 64, 2)          # 16x16x64: 18.9 MFLOP
+    x = conv("c5", x, 64, 128, 1)         # 16x16x128: 37.7 MFLOP
+    nodes.append(helper.make_node("GlobalAveragePool", [x], ["gap"]))
+    nodes.append(helper.make_node("Flatten", ["gap"], ["flat"], axis=1))
+    w = (rng.standard_normal((128, 10)) / np.sqrt(128)).astype(np.float32)
+    inits += [numpy_helper.from_array(w, "fc_w"), numpy_helper.from_array(np.zeros(10, np.float32), "fc_b")]
+    nodes.append(helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["OUTPUT"]))
+    inp = helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", 3, 64, 64])
+    outp = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", 10])
+    _save(helper.make_graph(nodes, "cnn", [inp], [outp], initializer=inits), path)
+
+
+SIMPLE_CONFIG = """name: "simple"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
+  { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
+  { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
+]
+dynamic_batching { max_queue_delay_microseconds: 100 }
+"""
+
+
+def demo_repository(root: Path) -> Path:
+    """The bundled demo: `simple` (INT32 add/sub) and `classifier` (FP32 softmax, labels)."""
+    root = Path(root)
+    simple_add_sub(root / "simple" / "1" / "model.onnx")
+    (root / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG)
+    classifier(root / "classifier" / "1" / "model.onnx")
+    (root / "classifier" / "labels.txt").write_text("\n".join(f"class_{i}" for i in range(5)) + "\n")
+    (root / "classifier" / "config.pbtxt").write_text(
+        'name: "classifier"\nmax_batch_size: 32\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 5 ] label_filename: "labels.txt" } ]\n'
+        "dynamic_batching { }\n"
+    )
+    return root

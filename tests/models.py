@@ -1,0 +1,34 @@
+"""The test model repository, generated with the onnx helper API (gt_serve.model_builders)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from gt_serve import model_builders as mb
+
+
+def build_repository(root: Path) -> Path:
+    root = Path(root)
+    mb.simple_add_sub(root / "simple" / "1" / "model.onnx")
+    (root / "simple" / "config.pbtxt").write_text(mb.SIMPLE_CONFIG)
+    # no config.pbtxt: completed from the ONNX graph
+    mb.scale(root / "identity_fp32" / "1" / "model.onnx", factor=2.0, width=4)
+    mb.string_identity(root / "strings" / "1" / "model.onnx")
+    mb.add_one_fixed(root / "nobatch" / "1" / "model.onnx", width=4)
+    mb.classifier(root / "classifier" / "1" / "model.onnx", features=8, classes=5, seed=0)
+    (root / "classifier" / "labels.txt").write_text("\n".join(f"class_{i}" for i in range(5)) + "\n")
+    (root / "classifier" / "config.pbtxt").write_text(
+        'name: "classifier"\nmax_batch_size: 16\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 5 ] label_filename: "labels.txt" } ]\n'
+    )
+    mb.dtype_identity(root / "dtypes" / "1" / "model.onnx")
+    (root / "dtypes" / "config.pbtxt").write_text('name: "dtypes"\nmax_batch_size: 8\n')
+    # two versions: 1 scales by 2 (identity_fp32 copy), 2 scales by 3
+    mb.scale(root / "versioned" / "1" / "model.onnx", factor=2.0, width=4)
+    mb.scale(root / "versioned" / "3" / "model.onnx", factor=3.0, width=4)
+    return root
+
+
+def classifier_weights():
+    import numpy as np
+
+    return np.random.default_rng(0).standard_normal((8, 5)).astype(np.float32)
