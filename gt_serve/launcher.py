@@ -1,0 +1,110 @@
+"""Start `gt-serve` as a child process on free ports and wait until it is ready.
+
+Used by the tests, the benchmarks, the soak run and anyone embedding a server in a script:
+    with launch(["--model-repository", "models"]) as srv: print(srv.http_url)
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    ports: dict
+    log_path: Path
+    args: list = field(default_factory=list)
+    repo: Path | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.ports['http']}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports['grpc']}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"127.0.0.1:{self.ports['metrics']}"
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text()
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def launch(args: list[str], *, workdir: Path | None = None, env: dict | None = None, timeout_s: float = 90.0,
+           repo: Path | None = None, poll_s: float = 0.05) -> ServerProcess:
+    """Run `python -m gt_serve ARGS` bound to 127.0.0.1 on free ports; return once /v2/health/ready is 200."""
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="gt_serve_run_"))
+    stamp = time.monotonic_ns()
+    port_file = workdir / f"ports-{stamp}.json"
+    log_path = workdir / f"server-{stamp}.log"
+    defaults = {"--http-port": "0", "--grpc-port": "0", "--metrics-port": "0", "--host": "127.0.0.1"}
+    full = [sys.executable, "-m", "gt_serve"]
+    for flag, value in defaults.items():
+        if flag not in args:
+            full += [flag, value]
+    full += ["--port-file", str(port_file), *args]
+    child_env = dict(os.environ)
+    src_root = str(Path(__file__).resolve().parent.parent)
+    child_env["PYTHONPATH"] = src_root + os.pathsep + child_env.get("PYTHONPATH", "")
+    if env:
+        child_env.update(env)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(full, stdout=log, stderr=subprocess.STDOUT, env=child_env, cwd=str(workdir))
+    deadline = time.monotonic() + timeout_s
+    server = None
+    while time.monotonic() < deadline and server is None:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gt-serve exited with {proc.returncode}:\n{log_path.read_text()}")
+        if port_file.exists():
+            server = ServerProcess(proc, json.loads(port_file.read_text()), log_path, full, repo)
+        else:
+            time.sleep(poll_s)  # polling a child process's progress, re-checked each turn
+    if server is None:
+        proc.kill()
+        raise RuntimeError(f"gt-serve wrote no port file within {timeout_s}s:\n{log_path.read_text()}")
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return server
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(poll_s)
+    server.stop(signal.SIGKILL)
+    raise RuntimeError(f"gt-serve never became ready:\n{server.log()}")
