@@ -47,6 +47,7 @@ class App:
         self.metrics = None
         self.ports: dict[str, int] = {}
         self._demo_dir: Path | None = None
+        self.host_pool = None
         self._stop_event: asyncio.Event | None = None
 
     # -- wiring -------------------------------------------------------------------------------
@@ -94,8 +95,12 @@ class App:
         loop = asyncio.get_running_loop()
         self._build_lanes(loop)
         self.scheduler = StreamScheduler(loop, self.lanes)
+        from .execution.memory_pool import HostBufferPool
+
+        backend = _array_backend()
+        self.host_pool = HostBufferPool(backend.alloc_host) if hasattr(backend, "alloc_host") else None
         host = LocalModelHost(loop, self.scheduler, self.lanes, self._runner_factory,
-                              make_job_factory(_array_backend()), cfg.models)
+                              make_job_factory(backend, self.host_pool), cfg.models)
         repo = self._repository()
         if not repo.is_dir():
             raise SystemExit(f"gt-serve: model repository '{repo}' is not a directory")

@@ -95,16 +95,13 @@ class OnnxRunner:
 
 
 def _as_str_array(array: np.ndarray) -> np.ndarray:
-    """onnxruntime's Python binding takes str (it would str() a bytes object): decode UTF-8,
-    falling back to latin-1 for bytes that are not UTF-8."""
+    """onnxruntime's Python binding takes str (it would str() a bytes object): decode UTF-8
+    (the data plane has refused anything else)."""
     flat = array.reshape(-1)
     out = np.empty(flat.shape[0], dtype=object)
     for i, item in enumerate(flat):
         if isinstance(item, (bytes, bytearray)):
-            try:
-                item = bytes(item).decode("utf-8")
-            except UnicodeDecodeError:
-                item = bytes(item).decode("latin-1")
+            item = bytes(item).decode("utf-8")
         out[i] = item
     return out.reshape(array.shape)
 

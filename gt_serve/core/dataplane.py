@@ -154,6 +154,8 @@ class DataPlane:
             elif data.shape != shape:
                 raise InvalidArgument(f"input '{tensor.name}': data holds {data.size} elements, "
                                       f"shape {list(shape)} needs {element_count(shape)}")
+            if ts.datatype == "BYTES":
+                _check_utf8(tensor.name, name, data)
             feeds[tensor.name] = data
             shape_key.append(body)
         if len(feeds) != len(spec.inputs):
@@ -276,6 +278,17 @@ class DataPlane:
 
     def cuda_shm_status(self, name: str = "") -> list[dict]:
         return self.cuda_shm.status(name)
+
+
+def _check_utf8(tensor: str, model: str, data: np.ndarray) -> None:
+    """onnxruntime string tensors hold UTF-8 text: refuse other bytes instead of changing them."""
+    for i, item in enumerate(data.reshape(-1)):
+        if isinstance(item, (bytes, bytearray)):
+            try:
+                bytes(item).decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidArgument(f"input '{tensor}' element {i} is not valid UTF-8: model '{model}' takes "
+                                      "BYTES as onnxruntime string tensors, which carry UTF-8 text only") from None
 
 
 def classify(array: np.ndarray, k: int, batched: bool, labels: list[str] | None) -> np.ndarray:

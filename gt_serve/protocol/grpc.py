@@ -1,0 +1,347 @@
+"""gRPC front end: a grpc.aio GRPCInferenceService servicer (Triton's stubs) over the DataPlane.
+
+Every RPC translates protobuf <-> DataPlane calls and nothing else. Errors: a GtServeError becomes
+its status from protocol/status.py with the message as details; any other exception becomes
+INTERNAL and is logged once (both in `_rpc`). Optional bearer-token auth runs as a server
+interceptor and exempts ServerLive / ServerReady.
+
+ModelStreamInfer processes the requests of one stream concurrently and yields each response as
+soon as it completes (as Triton does), so responses may come back in a different order than the
+requests; a failing request yields `error_message` and the stream stays open.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import inspect
+import logging
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from ..errors import GtServeError, Unsupported
+from .grpc_codec import (
+    cuda_shm_status_to_proto,
+    model_metadata_to_proto,
+    params_from_proto,
+    repository_index_to_proto,
+    request_from_proto,
+    response_to_proto,
+    shm_status_to_proto,
+)
+from .status import grpc_status
+
+log = logging.getLogger(__name__)
+
+_SERVICE = "/inference.GRPCInferenceService/"
+_AUTH_EXEMPT = frozenset({_SERVICE + "ServerLive", _SERVICE + "ServerReady"})
+_STREAM_METHOD = _SERVICE + "ModelStreamInfer"
+
+_TRACE_DEFAULTS: dict[str, list[str]] = {
+    "trace_level": ["OFF"],
+    "trace_rate": ["1000"],
+    "trace_count": ["-1"],
+    "log_frequency": ["0"],
+    "trace_file": [""],
+    "trace_mode": ["triton"],
+}
+
+
+async def _resolve(value: Any) -> Any:
+    """Await `value` when the data plane returned an awaitable (non-hot-path calls only)."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext) -> None:
+    """The one place an exception becomes a gRPC status."""
+    if isinstance(exc, GtServeError):
+        await context.abort(grpc_status(exc.code), exc.message)
+    log.error("unexpected error in gRPC handler", exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _rpc(method):
+    """Wrap a unary servicer method: errors -> status (see _abort_for)."""
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - translated to a status exactly once
+            await _abort_for(exc, context)
+
+    return wrapper
+
+
+def _stream_error(exc: BaseException, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+    if isinstance(exc, GtServeError):
+        message = exc.message
+    else:
+        log.error("unexpected error in gRPC stream request", exc_info=exc)
+        message = f"internal error: {type(exc).__name__}: {exc}"
+    return pb.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=pb.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version, id=request.id
+        ),
+    )
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """inference.GRPCInferenceService over a DataPlane (see core/dataplane.py for the contract)."""
+
+    def __init__(self, dataplane) -> None:
+        self._dp = dataplane
+
+    # -- health and metadata ---------------------------------------------------------------
+
+    @_rpc
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=bool(self._dp.live()))
+
+    @_rpc
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=bool(self._dp.ready()))
+
+    @_rpc
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=bool(self._dp.model_ready(request.name, request.version)))
+
+    @_rpc
+    async def ServerMetadata(self, request, context):
+        meta = await _resolve(self._dp.server_metadata())
+        return pb.ServerMetadataResponse(
+            name=meta.get("name", ""), version=meta.get("version", ""), extensions=meta.get("extensions", ())
+        )
+
+    @_rpc
+    async def ModelMetadata(self, request, context):
+        meta = await _resolve(self._dp.model_metadata(request.name, request.version))
+        return model_metadata_to_proto(meta)
+
+    @_rpc
+    async def ModelConfig(self, request, context):
+        config = await _resolve(self._dp.model_config(request.name, request.version))
+        resp = pb.ModelConfigResponse()
+        resp.config.CopyFrom(config)
+        return resp
+
+    @_rpc
+    async def ModelStatistics(self, request, context):
+        stats = await _resolve(self._dp.statistics(request.name, request.version))
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+
+    # -- inference -------------------------------------------------------------------------
+
+    @_rpc
+    async def ModelInfer(self, request, context):
+        infer_request = request_from_proto(request, context.time_remaining())
+        return response_to_proto(await self._dp.infer(infer_request))
+
+    async def _stream_one(self, request: pb.ModelInferRequest, remaining_s: float | None):
+        try:
+            resp = await self._dp.infer(request_from_proto(request, remaining_s))
+            return pb.ModelStreamInferResponse(infer_response=response_to_proto(resp))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported on the stream, which stays open
+            return _stream_error(exc, request)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Concurrent per stream; responses are yielded as they complete."""
+        results: asyncio.Queue = asyncio.Queue()
+        pending: set[asyncio.Task] = set()
+        done_reading = False
+
+        def finished(task: asyncio.Task) -> None:
+            pending.discard(task)
+            if not task.cancelled():
+                results.put_nowait(task.result())
+            if done_reading and not pending:
+                results.put_nowait(None)
+
+        async def read() -> None:
+            nonlocal done_reading
+            try:
+                async for request in request_iterator:
+                    task = asyncio.ensure_future(self._stream_one(request, context.time_remaining()))
+                    pending.add(task)
+                    task.add_done_callback(finished)
+            finally:
+                done_reading = True
+                if not pending:
+                    results.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                item = await results.get()
+                if item is None:
+                    break
+                yield item
+            await reader  # surfaces a read error (e.g. a malformed message) as the stream status
+        finally:
+            reader.cancel()
+            for task in list(pending):
+                task.cancel()
+
+    # -- repository ------------------------------------------------------------------------
+
+    @_rpc
+    async def RepositoryIndex(self, request, context):
+        return repository_index_to_proto(await _resolve(self._dp.repository_index(request.ready)))
+
+    @_rpc
+    async def RepositoryModelLoad(self, request, context):
+        await _resolve(self._dp.load_model(request.model_name, params_from_proto(request.parameters)))
+        return pb.RepositoryModelLoadResponse()
+
+    @_rpc
+    async def RepositoryModelUnload(self, request, context):
+        params = params_from_proto(request.parameters)
+        await _resolve(
+            self._dp.unload_model(request.model_name, unload_dependents=bool(params.get("unload_dependents", False)))
+        )
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- shared memory ---------------------------------------------------------------------
+
+    @_rpc
+    async def SystemSharedMemoryStatus(self, request, context):
+        return shm_status_to_proto(await _resolve(self._dp.shm_status(request.name)))
+
+    @_rpc
+    async def SystemSharedMemoryRegister(self, request, context):
+        await _resolve(self._dp.shm_register(request.name, request.key, request.offset, request.byte_size))
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_rpc
+    async def SystemSharedMemoryUnregister(self, request, context):
+        await _resolve(self._dp.shm_unregister(request.name))
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @_rpc
+    async def CudaSharedMemoryStatus(self, request, context):
+        return cuda_shm_status_to_proto(await _resolve(self._dp.cuda_shm_status(request.name)))
+
+    @_rpc
+    async def CudaSharedMemoryRegister(self, request, context):
+        await _resolve(
+            self._dp.cuda_shm_register(request.name, request.raw_handle, request.device_id, request.byte_size)
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @_rpc
+    async def CudaSharedMemoryUnregister(self, request, context):
+        await _resolve(self._dp.cuda_shm_unregister(request.name))
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # -- trace and log settings (read-only: this server neither traces nor reconfigures logs) --
+
+    @_rpc
+    async def TraceSetting(self, request, context):
+        if request.settings:
+            raise Unsupported("trace settings cannot be changed: this server does not support tracing")
+        resp = pb.TraceSettingResponse()
+        for key, values in _TRACE_DEFAULTS.items():
+            resp.settings[key].value.extend(values)
+        return resp
+
+    @_rpc
+    async def LogSettings(self, request, context):
+        if request.settings:
+            raise Unsupported("log settings cannot be changed over the protocol; use the server configuration")
+        root = logging.getLogger()
+        resp = pb.LogSettingsResponse()
+        resp.settings["log_file"].string_param = ""
+        resp.settings["log_info"].bool_param = root.isEnabledFor(logging.INFO)
+        resp.settings["log_warning"].bool_param = root.isEnabledFor(logging.WARNING)
+        resp.settings["log_error"].bool_param = root.isEnabledFor(logging.ERROR)
+        resp.settings["log_verbose_level"].uint32_param = 1 if root.isEnabledFor(logging.DEBUG) else 0
+        resp.settings["log_format"].string_param = "default"
+        return resp
+
+
+# ---------------------------------------------------------------------------------------------
+# auth
+
+
+class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
+    """Requires `authorization: Bearer <token>` on every RPC except ServerLive / ServerReady."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+        self._deny_unary = grpc.unary_unary_rpc_method_handler(self._deny)
+        self._deny_stream = grpc.stream_stream_rpc_method_handler(self._deny)
+
+    @staticmethod
+    async def _deny(request_or_iterator, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token in 'authorization'")
+
+    def _authorized(self, metadata) -> bool:
+        for key, value in metadata or ():
+            if key == "authorization":
+                if isinstance(value, str):
+                    value = value.encode()
+                return hmac.compare_digest(value, self._expected)
+        return False
+
+    async def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        if method in _AUTH_EXEMPT or self._authorized(handler_call_details.invocation_metadata):
+            return await continuation(handler_call_details)
+        return self._deny_stream if method == _STREAM_METHOD else self._deny_unary
+
+
+# ---------------------------------------------------------------------------------------------
+# lifecycle
+
+
+class GrpcFrontEnd:
+    """A running gRPC server. `port` is the bound port (the real one when started on port 0)."""
+
+    def __init__(self, server: grpc.aio.Server, port: int) -> None:
+        self._server = server
+        self.port = port
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop accepting RPCs; in-flight ones get `grace_s` seconds, then are cancelled."""
+        await self._server.stop(grace_s)
+
+
+async def start_grpc(
+    dataplane,
+    host: str,
+    port: int,
+    *,
+    auth_token: str | None = None,
+    max_message_bytes: int = 2**31 - 1,
+) -> GrpcFrontEnd:
+    """Start the gRPC front end on the running event loop."""
+    options = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+    interceptors = [BearerAuthInterceptor(auth_token)] if auth_token else None
+    server = grpc.aio.server(options=options, interceptors=interceptors)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    address = f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"gRPC: cannot bind {address}: {exc}") from None
+    if not bound:
+        raise OSError(f"gRPC: cannot bind {address}")
+    await server.start()
+    return GrpcFrontEnd(server, bound)

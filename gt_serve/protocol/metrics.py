@@ -1,0 +1,132 @@
+"""Prometheus metrics (and the live status page) on --metrics-port.
+
+Nothing is counted per request for metrics: a collector reads the per-batch statistics, lanes,
+energy accounting and peer view at scrape time. Triton's metric names where they exist
+(nv_inference_*, nv_gpu_*, nv_energy_consumption), gt_* for ours.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .http_server import HttpServer, Request, Response, json_error
+from .status_page import STATUS_HTML
+
+
+class ServerCollector:
+    """Reads the app's live objects; registered on a per-app CollectorRegistry."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def collect(self):
+        app = self.app
+        models = app.registry.loaded() if app.registry is not None else []
+        labels = ["model", "version"]
+
+        def counter(name, doc, pick):
+            fam = CounterMetricFamily(name, doc, labels=labels)
+            for m in models:
+                fam.add_metric([m.name, m.version], pick(m.stats))
+            return fam
+
+        d = lambda key, field: (lambda s: getattr(s.durations[key], field))  # noqa: E731
+        yield counter("nv_inference_request_success", "Number of successful inference requests", d("success", "count"))
+        yield counter("nv_inference_request_failure", "Number of failed inference requests", d("fail", "count"))
+        yield counter("nv_inference_count", "Number of inferences performed (batch sizes summed)", lambda s: s.inference_count)
+        yield counter("nv_inference_exec_count", "Number of model executions (batches)", lambda s: s.execution_count)
+        yield counter("nv_inference_request_duration_us", "Cumulative request duration (microseconds)",
+                      lambda s: s.durations["success"].ns / 1e3)
+        yield counter("nv_inference_queue_duration_us", "Cumulative time requests wait in the queue (microseconds)",
+                      lambda s: s.durations["queue"].ns / 1e3)
+        yield counter("nv_inference_compute_input_duration_us", "Cumulative input preparation time (microseconds)",
+                      lambda s: s.durations["compute_input"].ns / 1e3)
+        yield counter("nv_inference_compute_infer_duration_us", "Cumulative model execution time (microseconds)",
+                      lambda s: s.durations["compute_infer"].ns / 1e3)
+        yield counter("nv_inference_compute_output_duration_us", "Cumulative output handling time (microseconds)",
+                      lambda s: s.durations["compute_output"].ns / 1e3)
+
+        batches = CounterMetricFamily("gt_batch_executions", "Model executions by batch size",
+                                      labels=["model", "version", "batch_size"])
+        queue = GaugeMetricFamily("gt_queue_depth", "Requests waiting in the model's queue", labels=labels)
+        for m in models:
+            for size, b in sorted(m.stats.batches.items()):
+                batches.add_metric([m.name, m.version, str(size)], b.compute_infer.count)
+            ex = m.executor
+            queue.add_metric([m.name, m.version], getattr(ex, "pending", 0))
+        yield batches
+        yield queue
+
+        busy = CounterMetricFamily("gt_lane_busy_seconds", "Time each lane spent running batches", labels=["lane", "device"])
+        runs = CounterMetricFamily("gt_lane_batches", "Batches run by each lane", labels=["lane", "device"])
+        inflight = GaugeMetricFamily("gt_lane_busy", "1 while the lane runs a batch", labels=["lane", "device"])
+        for lane in app.lanes:
+            busy.add_metric([lane.lane_id, lane.device], lane.busy_ns / 1e9)
+            runs.add_metric([lane.lane_id, lane.device], lane.batches_run)
+            inflight.add_metric([lane.lane_id, lane.device], 1.0 if lane.busy else 0.0)
+        yield busy
+        yield runs
+        yield inflight
+        yield from self._extra(app)
+
+    def _extra(self, app: Any):
+        """Energy, router and peers: present once those parts are wired into the app."""
+        for provider in getattr(app, "metric_providers", ()):
+            yield from provider()
+
+
+def status_snapshot(app: Any) -> dict:
+    """What the status page shows: devices/lanes, models with queues and counts, energy, peers."""
+    models = app.registry.loaded() if app.registry is not None else []
+    out = {
+        "node": app.cfg.node_name,
+        "server": app.cfg.server.server_name,
+        "time_s": time.time(),
+        "ports": app.ports,
+        "lanes": [{"id": l.lane_id, "device": l.device, "busy": l.busy, "batches": l.batches_run,
+                   "busy_s": round(l.busy_ns / 1e9, 3)} for l in app.lanes],
+        "models": [{"name": m.name, "version": m.version, "state": m.state,
+                    "queue": getattr(m.executor, "pending", 0), "inferences": m.stats.inference_count,
+                    "executions": m.stats.execution_count, "success": m.stats.durations["success"].count,
+                    "fail": m.stats.durations["fail"].count,
+                    "providers": getattr(m, "providers", [])} for m in models],
+    }
+    for extra in getattr(app, "status_providers", ()):
+        out.update(extra())
+    return out
+
+
+class MetricsFrontEnd:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(ServerCollector(app))
+        self.server = HttpServer(self._handle, max_body_bytes=64 * 1024, max_connections=64)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    async def _handle(self, req: Request) -> Response:
+        if req.method not in ("GET", "HEAD"):
+            return json_error(405, f"method {req.method} is not allowed on {req.path}")
+        if req.path == "/metrics":
+            return Response(200, generate_latest(self.registry), {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        if req.path in ("/", "/status"):
+            return Response(200, STATUS_HTML, {"Content-Type": "text/html; charset=utf-8"})
+        if req.path == "/status.json":
+            return Response(200, orjson.dumps(status_snapshot(self.app)), {"Content-Type": "application/json"})
+        return json_error(404, f"no route for {req.path}")
+
+    async def close(self, drain_timeout_s: float) -> None:
+        await self.server.close(drain_timeout_s)
+
+
+async def start_metrics(app: Any, host: str, port: int) -> MetricsFrontEnd:
+    front = MetricsFrontEnd(app)
+    await front.server.start(host, port)
+    return front
