@@ -1,0 +1,104 @@
+"""Forwards a request to a peer node's gRPC V2 endpoint (tritonclient.grpc.aio, pooled channels).
+
+A hop counter travels as the request parameter `gt_hops`, so a forwarded request is never forwarded
+again past the limit. Failures are split into the client's fault (InvalidArgument: answered as is)
+and the peer's (PeerUnavailable: the caller re-routes).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from ..errors import DeadlineExceeded, GtServeError, InvalidArgument, Unavailable
+from ..types import InferRequest, InferResponse, Tensor
+
+log = logging.getLogger(__name__)
+
+HOPS_PARAMETER = "gt_hops"
+_CLIENT_FAULTS = ("StatusCode.INVALID_ARGUMENT", "StatusCode.NOT_FOUND", "StatusCode.UNAUTHENTICATED")
+_RESERVED = {"priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "binary_data_output",
+             "headers", HOPS_PARAMETER}
+
+
+class PeerUnavailable(Unavailable):
+    """The peer could not serve the request (down, overloaded, timed out): re-route it."""
+
+    def __init__(self, message: str, peer: str) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+def forwardable(request: InferRequest) -> bool:
+    """Requests that touch this node's shared memory must be served here."""
+    if any(t.data is None for t in request.inputs):
+        return False
+    return not any(o.parameters.get("shared_memory_region") for o in (request.outputs or ()))
+
+
+class PeerClient:
+    def __init__(self, token: str | None = None, timeout_s: float = 10.0) -> None:
+        self._token = token
+        self._timeout_s = timeout_s
+        self._clients: dict[str, object] = {}
+
+    def _client(self, endpoint: str):
+        client = self._clients.get(endpoint)
+        if client is None:
+            import tritonclient.grpc.aio as grpcclient
+
+            client = self._clients[endpoint] = grpcclient.InferenceServerClient(endpoint)
+        return client
+
+    async def forward(self, node: str, endpoint: str, request: InferRequest) -> InferResponse:
+        import tritonclient.grpc.aio as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        inputs = []
+        for t in request.inputs:
+            inp = grpcclient.InferInput(t.name, list(t.shape), t.datatype)
+            inp.set_data_from_numpy(np.ascontiguousarray(t.data))
+            inputs.append(inp)
+        outputs = None
+        if request.outputs is not None:
+            outputs = [grpcclient.InferRequestedOutput(o.name, class_count=int(o.parameters.get("classification", 0)))
+                       for o in request.outputs]
+        params = {k: v for k, v in request.parameters.items() if k not in _RESERVED and not k.startswith("triton_")}
+        params[HOPS_PARAMETER] = request.hops + 1
+        timeout_s = self._timeout_s
+        if request.deadline_s is not None:
+            timeout_s = min(timeout_s, request.deadline_s - time.monotonic())
+            if timeout_s <= 0:
+                raise DeadlineExceeded(f"request for model '{request.model_name}' expired before forwarding")
+        headers = {"authorization": f"Bearer {self._token}"} if self._token else None
+        try:
+            result = await self._client(endpoint).infer(
+                request.model_name, inputs, model_version=request.model_version, outputs=outputs,
+                request_id=request.id, parameters=params, priority=request.priority,
+                client_timeout=timeout_s, headers=headers)
+        except InferenceServerException as exc:
+            status = str(exc.status() or "")
+            if status in _CLIENT_FAULTS:
+                raise InvalidArgument(exc.message()) from None
+            raise PeerUnavailable(f"peer '{node}' ({endpoint}) failed: {exc.message()} [{status}]", node) from None
+        except GtServeError:
+            raise
+        except Exception as exc:  # connection reset, channel closed, ...
+            raise PeerUnavailable(f"peer '{node}' ({endpoint}) failed: {type(exc).__name__}: {exc}", node) from None
+        response = result.get_response()
+        out = []
+        for o in response.outputs:
+            array = result.as_numpy(o.name)
+            out.append(Tensor(o.name, o.datatype, tuple(array.shape), array))
+        return InferResponse(response.model_name, response.model_version, request.id, out,
+                             {"gt_served_by": node})
+
+    async def drop(self, endpoint: str) -> None:
+        client = self._clients.pop(endpoint, None)
+        if client is not None:
+            await client.close()
+
+    async def close(self) -> None:
+        for endpoint in list(self._clients):
+            await self.drop(endpoint)
