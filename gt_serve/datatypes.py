@@ -132,6 +132,8 @@ def raw_from_array(array: np.ndarray, datatype: str) -> bytes | memoryview:
     dtype = numpy_dtype(datatype)
     if array.dtype != dtype:
         array = array.astype(dtype)
+    if array.size == 0:
+        return b""
     array = np.ascontiguousarray(array)
     return memoryview(array).cast("B")
 

@@ -118,33 +118,62 @@ def mlp(path: Path, sizes=(256, 1024, 1024, 10), seed: int = 0) -> None:
     _save(helper.make_graph(nodes, "mlp", [inp], [outp], initializer=inits), path)
 
 
-def cnn(path: Path, seed: int = 0) -> None:
-    """FP32 CNN, about 100 MFLOP per sample: INPUT [B, 3, 64, 64] -> OUTPUT [B, 10]."""
-    from onnx import TensorProto, helper, numpy_helper
+def _conv_stack(rng, nodes, inits, x: str, layers) -> str:
+    for name, cin, cout, stride in layers:
+        w = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
+        inits.append(_init(w, f"{name}_w"))
+        inits.append(_init(np.zeros(cout, np.float32), f"{name}_b"))
+        nodes.append(_node("Conv", [x, f"{name}_w", f"{name}_b"], [f"{name}_c"], pads=[1, 1, 1, 1], strides=[stride, stride]))
+        nodes.append(_node("Relu", [f"{name}_c"], [f"{name}_r"]))
+        x = f"{name}_r"
+    return x
+
+
+def _init(array, name):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(array, name)
+
+
+def _node(op, inputs, outputs, **attrs):
+    from onnx import helper
+
+    return helper.make_node(op, inputs, outputs, **attrs)
+
+
+def cnn(path: Path, seed: int = 0, head: str = "dense") -> None:
+    """FP32 CNN of about 100 MFLOP per sample: INPUT [B, 3, 64, 64] -> OUTPUT [B, 10].
+
+    head="dense" (default): a VGG-style classifier head (flatten -> FC 512 -> FC 10) whose 64 MB of
+    weights make batch 1 memory-bound, as in most CNN classifiers; head="gap": an all-convolutional
+    net with global average pooling, compute-bound at every batch size.
+    """
+    from onnx import TensorProto, helper
 
     rng = np.random.default_rng(seed)
     inits, nodes = [], []
-
-    def conv(name, x, cin, cout, stride):
-        w = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
-        inits.append(numpy_helper.from_array(w, f"{name}_w"))
-        inits.append(numpy_helper.from_array(np.zeros(cout, np.float32), f"{name}_b"))
-        nodes.append(helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [f"{name}_c"],
-                                      pads=[1, 1, 1, 1], strides=[stride, stride]))
-        nodes.append(helper.make_node("Relu", [f"{name}_c"], [f"{name}_r"]))
-        return f"{name}_r"
-
-    # 64x64: 3->32 (s1): 64*64*32*27*2 = 7 MFLOP; 32->64 s2 (32x32): 37.7 MFLOP; 64->64 (32x32): 75 MFLOP ... trimmed below
-    x = conv("c1", "INPUT", 3, 16, 1)     # 64x64x16: 3.5 MFLOP
-    x = conv("c2", x, 16, 32, 2)          # 32x32x32: 9.4 MFLOP
-    x = conv("c3", x, 32, 64, 1)          # 32x32x64: 37.7 MFLOP
-    x = conv("c4", x, 64, 64, 2)          # 16x16x64: 18.9 MFLOP
-    x = conv("c5", x, 64, 128, 1)         # 16x16x128: 37.7 MFLOP
-    nodes.append(helper.make_node("GlobalAveragePool", [x], ["gap"]))
-    nodes.append(helper.make_node("Flatten", ["gap"], ["flat"], axis=1))
-    w = (rng.standard_normal((128, 10)) / np.sqrt(128)).astype(np.float32)
-    inits += [numpy_helper.from_array(w, "fc_w"), numpy_helper.from_array(np.zeros(10, np.float32), "fc_b")]
-    nodes.append(helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["OUTPUT"]))
+    if head == "dense":
+        # MACs: 1.8M + 4.7M + 4.7M + 18.9M (convs) + 16.8M (FC) ~ 47M ~ 94 MFLOP
+        layers = [("c1", 3, 16, 1), ("c2", 16, 32, 2), ("c3", 32, 64, 2), ("c4", 64, 128, 1)]
+        x = _conv_stack(rng, nodes, inits, "INPUT", layers)
+        nodes.append(_node("Flatten", [x], ["flat"], axis=1))
+        dims = [(16 * 16 * 128, 512), (512, 10)]
+    else:
+        # MACs: 1.8M + 4.7M + 18.9M + 9.4M + 18.9M ~ 54M ~ 107 MFLOP
+        layers = [("c1", 3, 16, 1), ("c2", 16, 32, 2), ("c3", 32, 64, 1), ("c4", 64, 64, 2), ("c5", 64, 128, 1)]
+        x = _conv_stack(rng, nodes, inits, "INPUT", layers)
+        nodes.append(_node("GlobalAveragePool", [x], ["gap"]))
+        nodes.append(_node("Flatten", ["gap"], ["flat"], axis=1))
+        dims = [(128, 10)]
+    prev = "flat"
+    for i, (a, b) in enumerate(dims):
+        w = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
+        inits += [_init(w, f"fc{i}_w"), _init(np.zeros(b, np.float32), f"fc{i}_b")]
+        out = "OUTPUT" if i == len(dims) - 1 else f"fc{i}"
+        nodes.append(_node("Gemm", [prev, f"fc{i}_w", f"fc{i}_b"], [out if out == "OUTPUT" else f"{out}_g"]))
+        if out != "OUTPUT":
+            nodes.append(_node("Relu", [f"{out}_g"], [out]))
+        prev = out
     inp = helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", 3, 64, 64])
     outp = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", 10])
     _save(helper.make_graph(nodes, "cnn", [inp], [outp], initializer=inits), path)

@@ -55,7 +55,7 @@ def test_batching_source_uses_no_headers() -> None:
 def test_cupy_backend_loads_every_batching_kernel() -> None:
     from gt_serve.backends.cupy_backend import KERNEL_NAMES, find_kernels_dir, kernel_source
 
-    assert find_kernels_dir() == KERNELS_DIR
+    assert find_kernels_dir().resolve() == KERNELS_DIR.resolve()
     text = kernel_source("batching")
     for name in KERNEL_NAMES:
         assert f"void {name}(" in text

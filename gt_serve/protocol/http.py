@@ -1,0 +1,337 @@
+"""The V2 (KServe / Triton) REST route table on top of http_server, over a DataPlane.
+
+Routes: PROTOCOL.md §1. The request body is never interpreted by Content-Type. Every error is an
+uncompressed JSON {"error": "..."} whose status comes from protocol/status.py (`_handle` is the one
+exception handler). Query strings are ignored; unknown routes answer 404, wrong methods 405.
+"""
+from __future__ import annotations
+
+import base64
+import hmac
+import inspect
+import logging
+from typing import Any
+
+import orjson
+
+from ..core.model_config import model_config_json
+from ..errors import GtServeError, InvalidArgument
+from . import http_infer
+from .http_server import HttpServer, Request, Response, json_error
+from .status import http_status
+
+_log = logging.getLogger(__name__)
+
+_JSON = {"Content-Type": "application/json"}
+_BINARY = "application/octet-stream"
+_EMPTY_OK = Response(200, b"", None)
+COMPRESS_MIN_BYTES = 1024  # smaller infer responses are sent uncompressed even when gzip is accepted
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int, message: str, headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
+
+def _ok_json(value: Any) -> Response:
+    return Response(200, orjson.dumps(value), _JSON)
+
+
+async def _resolve(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _need(req: Request, *methods: str) -> None:
+    if req.method not in methods:
+        raise _HttpError(405, f"method {req.method} is not allowed for {req.path}", {"Allow": ", ".join(methods)})
+
+
+def _json_body(body: bytes, what: str) -> dict:
+    if not body.strip():
+        return {}
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"failed to parse the {what} request JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument(f"the {what} request JSON must be an object")
+    return doc
+
+
+def _int_field(doc: dict, key: str, what: str, default: int | None = None) -> int:
+    value = doc.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if value is None:
+            raise InvalidArgument(f"{what}: '{key}' is required")
+        raise InvalidArgument(f"{what}: '{key}' must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _split_version(parts: list[str]) -> tuple[str, list[str]]:
+    """['versions', V, *rest] -> (V, rest); else ('', parts)."""
+    if len(parts) >= 2 and parts[0] == "versions":
+        return parts[1], parts[2:]
+    return "", parts
+
+
+class HttpFrontEnd:
+    def __init__(self, dataplane, *, max_body_bytes: int = 256 * 1024 * 1024, max_connections: int = 1024,
+                 auth_token: str | None = None, idle_timeout_s: float = 60.0,
+                 compress_min_bytes: int = COMPRESS_MIN_BYTES) -> None:
+        self._dp = dataplane
+        self._max_body_bytes = max_body_bytes
+        self._auth = f"Bearer {auth_token}".encode() if auth_token else None
+        self._compress_min_bytes = compress_min_bytes
+        self._trace_settings: dict[str, dict] = {"": {"trace_level": ["OFF"], "trace_rate": "1000",
+                                                      "trace_count": "-1", "log_frequency": "0",
+                                                      "trace_file": "", "trace_mode": "triton"}}
+        self._log_settings = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+                              "log_verbose_level": 0, "log_format": "default"}
+        self._server = HttpServer(self._handle, max_body_bytes=max_body_bytes, max_connections=max_connections,
+                                  idle_timeout_s=idle_timeout_s)
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    async def start(self, host: str, port: int) -> None:
+        await self._server.start(host, port)
+
+    async def close(self, drain_timeout_s: float = 5.0) -> None:
+        await self._server.close(drain_timeout_s)
+
+    # ---- the one exception handler ----
+    async def _handle(self, req: Request) -> Response:
+        try:
+            if self._auth is not None and not req.path.startswith("/v2/health/"):
+                self._check_auth(req)
+            path = req.path
+            if path.endswith("/infer") and path.startswith("/v2/models/"):
+                parts = path[11:-6].split("/")
+                if parts[0] and (len(parts) == 1 or (len(parts) == 3 and parts[1] == "versions")):
+                    _need(req, "POST")
+                    return await self._infer(req, parts[0], parts[2] if len(parts) == 3 else "")
+            return await self._route(req, [p for p in path.split("/") if p])
+        except GtServeError as exc:
+            status = 413 if isinstance(exc, http_infer.RequestTooLarge) else http_status(exc.code)
+            return json_error(status, exc.message)
+        except _HttpError as exc:
+            return json_error(exc.status, exc.message, exc.headers)
+        except Exception as exc:  # noqa: BLE001 - logged once, answered as 500
+            _log.exception("unexpected error serving %s %s", req.method, req.path)
+            return json_error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    def _check_auth(self, req: Request) -> None:
+        got = req.headers.get("authorization", "").encode("latin-1")
+        if not hmac.compare_digest(got, self._auth):
+            raise _HttpError(401, "missing or invalid bearer token", {"WWW-Authenticate": "Bearer"})
+
+    def _body(self, req: Request) -> bytes:
+        encoding = req.headers.get("content-encoding")
+        if encoding:
+            return http_infer.decompress(req.body, encoding, self._max_body_bytes)
+        return req.body
+
+    # ---- routing ----
+    async def _route(self, req: Request, parts: list[str]) -> Response:
+        if not parts or parts[0] != "v2":
+            raise _HttpError(404, f"no route for {req.path}")
+        rest = parts[1:]
+        n = len(rest)
+        head = rest[0] if rest else ""
+        if n == 0:
+            _need(req, "GET")
+            return _ok_json(await _resolve(self._dp.server_metadata()))
+        if head == "health" and n == 2 and rest[1] in ("live", "ready"):
+            _need(req, "GET")
+            ok = await _resolve(self._dp.live() if rest[1] == "live" else self._dp.ready())
+            if ok:
+                return _EMPTY_OK
+            raise _HttpError(400, f"server is not {rest[1]}")
+        if head == "models" and n >= 2:
+            return await self._model_route(req, rest[1:])
+        if head == "repository":
+            return await self._repository_route(req, rest[1:])
+        if head in ("systemsharedmemory", "cudasharedmemory"):
+            return await self._shm_route(req, head == "cudasharedmemory", rest[1:])
+        if head == "trace" and rest[1:] == ["setting"]:
+            return self._trace(req, "")
+        if head == "logging" and n == 1:
+            return self._logging(req)
+        raise _HttpError(404, f"no route for {req.path}")
+
+    async def _model_route(self, req: Request, parts: list[str]) -> Response:
+        dp = self._dp
+        if parts == ["stats"]:
+            _need(req, "GET")
+            return _ok_json(await _resolve(dp.statistics("", "")))
+        name = parts[0]
+        version, rest = _split_version(parts[1:])
+        if not rest:
+            _need(req, "GET")
+            return _ok_json(await _resolve(dp.model_metadata(name, version)))
+        action = rest[0]
+        if len(rest) == 1:
+            if action == "ready":
+                _need(req, "GET")
+                if await _resolve(dp.model_ready(name, version)):
+                    return _EMPTY_OK
+                raise _HttpError(400, f"model '{name}'{f' version {version}' if version else ''} is not ready")
+            if action == "config":
+                _need(req, "GET")
+                config = await _resolve(dp.model_config(name, version))
+                return _ok_json(model_config_json(config))
+            if action == "stats":
+                _need(req, "GET")
+                return _ok_json(await _resolve(dp.statistics(name, version)))
+            if action == "infer":
+                _need(req, "POST")
+                return await self._infer(req, name, version)
+        if rest == ["trace", "setting"]:
+            return self._trace(req, name)
+        raise _HttpError(404, f"no route for {req.path}")
+
+    async def _repository_route(self, req: Request, parts: list[str]) -> Response:
+        dp = self._dp
+        if parts == ["index"]:
+            _need(req, "POST", "GET")
+            doc = _json_body(self._body(req), "repository index")
+            return _ok_json(await _resolve(dp.repository_index(bool(doc.get("ready", False)))))
+        if len(parts) == 3 and parts[0] == "models" and parts[2] in ("load", "unload"):
+            _need(req, "POST")
+            name = parts[1]
+            doc = _json_body(self._body(req), parts[2])
+            params = doc.get("parameters") or {}
+            if not isinstance(params, dict):
+                raise InvalidArgument(f"failed to {parts[2]} '{name}': 'parameters' must be a JSON object")
+            if parts[2] == "load":
+                await _resolve(dp.load_model(name, _load_parameters(name, params)))
+            else:
+                await _resolve(dp.unload_model(name, bool(params.get("unload_dependents", False))))
+            return _EMPTY_OK
+        raise _HttpError(404, f"no route for {req.path}")
+
+    async def _shm_route(self, req: Request, cuda: bool, parts: list[str]) -> Response:
+        dp = self._dp
+        region = ""
+        if len(parts) == 3 and parts[0] == "region":
+            region, parts = parts[1], parts[2:]
+        if len(parts) != 1:
+            raise _HttpError(404, f"no route for {req.path}")
+        action = parts[0]
+        if action == "status":
+            _need(req, "GET")
+            status = dp.cuda_shm_status(region) if cuda else dp.shm_status(region)
+            return _ok_json(await _resolve(status))
+        if action == "unregister":
+            _need(req, "POST")
+            await _resolve(dp.cuda_shm_unregister(region) if cuda else dp.shm_unregister(region))
+            return _EMPTY_OK
+        if action == "register" and region:
+            _need(req, "POST")
+            doc = _json_body(self._body(req), "shared memory register")
+            what = f"register of shared memory region '{region}'"
+            byte_size = _int_field(doc, "byte_size", what)
+            if cuda:
+                handle = doc.get("raw_handle")
+                b64 = handle.get("b64") if isinstance(handle, dict) else None
+                if not isinstance(b64, str):
+                    raise InvalidArgument(f"{what}: 'raw_handle' must be an object with a base64 'b64' string")
+                try:
+                    raw = base64.b64decode(b64, validate=True)
+                except ValueError:
+                    raise InvalidArgument(f"{what}: 'raw_handle.b64' is not valid base64") from None
+                device_id = _int_field(doc, "device_id", what, 0)
+                await _resolve(dp.cuda_shm_register(region, raw, device_id, byte_size))
+            else:
+                key = doc.get("key")
+                if not isinstance(key, str) or not key:
+                    raise InvalidArgument(f"{what}: 'key' is required")
+                offset = _int_field(doc, "offset", what, 0)
+                await _resolve(dp.shm_register(region, key, offset, byte_size))
+            return _EMPTY_OK
+        raise _HttpError(404, f"no route for {req.path}")
+
+    def _trace(self, req: Request, model: str) -> Response:
+        _need(req, "GET", "POST")
+        settings = dict(self._trace_settings[""])
+        settings.update(self._trace_settings.get(model, {}))
+        if req.method == "POST":
+            doc = _json_body(self._body(req), "trace setting")
+            for key, value in doc.items():
+                if value is None:
+                    self._trace_settings.get(model, {}).pop(key, None)
+                else:
+                    self._trace_settings.setdefault(model, {})[key] = value
+            settings = dict(self._trace_settings[""])
+            settings.update(self._trace_settings.get(model, {}))
+        return _ok_json(settings)
+
+    def _logging(self, req: Request) -> Response:
+        _need(req, "GET", "POST")
+        if req.method == "POST":
+            doc = _json_body(self._body(req), "logging")
+            for key, value in doc.items():
+                if key not in self._log_settings:
+                    raise InvalidArgument(f"unknown logging setting '{key}'")
+                self._log_settings[key] = value
+            level = self._log_settings.get("log_verbose_level")
+            if isinstance(level, int) and not isinstance(level, bool):
+                logging.getLogger("gt_serve").setLevel(logging.DEBUG if level > 0 else logging.NOTSET)
+        return _ok_json(self._log_settings)
+
+    # ---- inference ----
+    async def _infer(self, req: Request, name: str, version: str) -> Response:
+        headers = req.headers
+        body = self._body(req) if "content-encoding" in headers else req.body
+        header_length = http_infer.parse_header_length(headers.get("inference-header-content-length"), len(body))
+        if header_length == 0:
+            config = await _resolve(self._dp.model_config(name, version))
+            infer_req = http_infer.decode_raw_request(name, version, body, config)
+        else:
+            infer_req = http_infer.decode_request(name, version, body, header_length)
+        resp = await self._dp.infer(infer_req)
+        parts, json_bytes = http_infer.encode_response(resp, infer_req)
+        out_headers = {"Content-Type": _BINARY} if json_bytes is not None else {"Content-Type": "application/json"}
+        if json_bytes is not None:
+            out_headers["Inference-Header-Content-Length"] = str(json_bytes)
+        accept = headers.get("accept-encoding")
+        if accept:
+            encoding = http_infer.choose_encoding(accept)
+            if encoding and sum(len(p) if not isinstance(p, memoryview) else p.nbytes for p in parts) >= \
+                    self._compress_min_bytes:
+                out_headers["Content-Encoding"] = encoding
+                return Response(200, http_infer.compress(parts, encoding), out_headers)
+        return Response(200, parts if len(parts) > 1 else parts[0], out_headers)
+
+
+def _load_parameters(name: str, params: dict) -> dict:
+    out = {}
+    for key, value in params.items():
+        if key.startswith("file:"):
+            if not isinstance(value, str):
+                raise InvalidArgument(f"failed to load '{name}': parameter '{key}' must be a base64 string")
+            try:
+                out[key] = base64.b64decode(value, validate=True)
+            except ValueError:
+                raise InvalidArgument(f"failed to load '{name}': parameter '{key}' is not valid base64") from None
+        elif key == "config" and isinstance(value, dict):
+            out[key] = orjson.dumps(value).decode()
+        else:
+            out[key] = value
+    return out
+
+
+async def start_http(dataplane, host: str, port: int, *, max_body_bytes: int = 256 * 1024 * 1024,
+                     max_connections: int = 1024, auth_token: str | None = None,
+                     idle_timeout_s: float = 60.0, compress_min_bytes: int = COMPRESS_MIN_BYTES) -> HttpFrontEnd:
+    """Build and start the V2 HTTP front end; `.port` is the bound port (port 0 = ephemeral)."""
+    front = HttpFrontEnd(dataplane, max_body_bytes=max_body_bytes, max_connections=max_connections,
+                         auth_token=auth_token, idle_timeout_s=idle_timeout_s, compress_min_bytes=compress_min_bytes)
+    await front.start(host, port)
+    return front
