@@ -10,7 +10,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "gt_serve"
 
 LAYERS = ["cli", "app", "protocol", "edge", "core", "execution", "backends"]
-RANK = {"cli": 0, "app": 1, "protocol": 2, "edge": 2, "core": 3, "execution": 4, "backends": 5}
+RANK = {"cli": 0, "app": 1, "protocol": 2, "edge": 2, "sim": 2, "core": 3, "execution": 4, "backends": 5}
 # third-party packages that only some layers may import
 HEAVY = {"onnxruntime": {"backends"}, "cupy": {"backends", "app", "execution"}, "pynvml": {"backends"},
          "aiomqtt": {"edge"}, "httptools": {"protocol"}, "grpc": {"protocol", "edge"}}
