@@ -48,6 +48,10 @@ class App:
         self.ports: dict[str, int] = {}
         self._demo_dir: Path | None = None
         self.host_pool = None
+        self.energy = None
+        self.metric_providers: list = []
+        self.status_providers: list = []
+        self.power_profile = _device_profile(cfg)  # validated before anything starts
         self._stop_event: asyncio.Event | None = None
 
     # -- wiring -------------------------------------------------------------------------------
@@ -101,6 +105,7 @@ class App:
         self.host_pool = HostBufferPool(backend.alloc_host) if hasattr(backend, "alloc_host") else None
         host = LocalModelHost(loop, self.scheduler, self.lanes, self._runner_factory,
                               make_job_factory(backend, self.host_pool), cfg.models)
+        self._build_energy(host)
         repo = self._repository()
         if not repo.is_dir():
             raise SystemExit(f"gt-serve: model repository '{repo}' is not a directory")
@@ -113,6 +118,34 @@ class App:
         self.dataplane.set_ready(True)
         log.info("gt-serve ready: HTTP %s, gRPC %s, metrics %s; lanes %s", self.ports.get("http"),
                  self.ports.get("grpc"), self.ports.get("metrics"), ", ".join(l.lane_id for l in self.lanes))
+
+    def _build_energy(self, host: LocalModelHost) -> None:
+        from .backends.power import StaticProfileMeter, detect_meters
+        from .core.energy import EnergyModel
+        from .core.node_energy import NodeEnergy
+        from .protocol.energy_metrics import energy_metric_provider, energy_status_provider
+
+        model = EnergyModel()
+        devices = sorted({lane.device for lane in self.lanes})
+        for device in devices:
+            model.add_device(device, self.power_profile)
+        found = detect_meters(idle_w=None)
+        gpu_meters = [m for m in found if m.name.startswith("nvml")]
+        node_meter = next((m for m in found if not m.name.startswith("nvml")), None)
+        if node_meter is None:
+            node_meter = StaticProfileMeter(self.power_profile.idle_w, name=f"static:{self.power_profile.name}")
+        meters = {}
+        for device in devices:
+            if device.startswith("gpu:") and int(device[4:]) < len(gpu_meters):
+                meters[device] = gpu_meters[int(device[4:])]
+            else:
+                meters[device] = node_meter
+        self.energy = NodeEnergy(model, meters)
+        host.batch_observer = self.energy.on_batch
+        self.metric_providers.append(energy_metric_provider(self.energy))
+        self.status_providers.append(energy_status_provider(self.energy))
+        log.info("energy: profile %s, meters %s", self.power_profile.name,
+                 ", ".join(sorted({m.name for m in meters.values()})))
 
     async def _load_initial_models(self) -> None:
         s = self.cfg.server
@@ -161,10 +194,11 @@ class App:
         drain_s = self.cfg.server.drain_timeout_s
         if self.dataplane is not None:
             self.dataplane.set_draining()
-        if self.http is not None:
-            await self.http.close(drain_s)
+        # both front ends stop accepting at once, then drain their in-flight requests together
+        closing = [self.http.close(drain_s)] if self.http is not None else []
         if self.grpc is not None:
-            await self.grpc.stop(drain_s)
+            closing.append(self.grpc.stop(drain_s))
+        await asyncio.gather(*closing)
         if self.metrics is not None:
             await self.metrics.close(1.0)
         if self.registry is not None:
@@ -192,6 +226,14 @@ class App:
             log.info("shutting down: draining in-flight requests")
         finally:
             await self.stop()
+
+
+def _device_profile(cfg: Config):
+    from .core.energy import DeviceProfile
+    from .core.power_profiles import resolve_profile
+
+    raw = resolve_profile(dict(cfg.power_profile))
+    return DeviceProfile.from_dict(raw, name=str(raw.get("name", "node")))
 
 
 def _array_backend():

@@ -58,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .app import run
 
-    run(cfg)
+    try:
+        run(cfg)
+    except ConfigError as exc:
+        print(f"gt-serve: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -113,6 +113,12 @@ class DeviceProfile:
         hold_s = self.park_after_s if math.isfinite(self.park_after_s) else 0.0
         return self.idle_w * self.wake_s + (self.idle_w - self.parked_w) * hold_s
 
+    def dynamic_power_w(self, model: str, batch: int) -> float:
+        """Power above idle while running a batch of `model` (its power table, else "*", else busy_w)."""
+        power = self.power_w.get(model) or self.power_w.get(DEFAULT_MODEL_KEY) or {}
+        p_w = _interp_table(power, batch) if power else self.busy_w
+        return max(p_w - self.idle_w, 0.0)
+
     def curve(self, model: str) -> Curve:
         """A fresh curve for `model` (its own table, else the "*" default, else a fallback)."""
         lat = self.latency_ms.get(model) or self.latency_ms.get(DEFAULT_MODEL_KEY) or FALLBACK_LATENCY_MS

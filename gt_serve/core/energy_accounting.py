@@ -58,6 +58,10 @@ class EnergyAccounting:
         self._baseline_j[device] = self._baseline_j.get(device, 0.0) + energy_j
 
     # ---- reading -----------------------------------------------------------------------------
+    def pairs(self) -> list[tuple[str, str, int, float]]:
+        """(model, device, inferences, dynamic_j) for every pair that ran, sorted."""
+        return [(m, d, t.inferences, t.dynamic_j) for (m, d), t in sorted(self._by_pair.items())]
+
     def device_totals_j(self) -> dict[str, float]:
         """Attributed dynamic + baseline energy per device (what the meters should read)."""
         totals = dict(self._baseline_j)

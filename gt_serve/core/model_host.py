@@ -62,6 +62,8 @@ class LocalModelHost:
         self._knobs = model_knobs or {}
         self._runners: dict[int, list] = {}
         self._drained: dict[int, asyncio.Event] = {}
+        # batch_observer(model, device, batch_size, latency_s) -> energy per request (J); e.g. NodeEnergy.on_batch
+        self.batch_observer: Callable[[str, str, int, float], float] | None = None
         scheduler.on_batch_done = self._on_batch_done
 
     def _lanes_for(self, cfg: mc.ModelConfig) -> list:
@@ -146,6 +148,9 @@ class LocalModelHost:
         else:
             per_request, (input_ns, infer_ns, output_ns) = result
             stats.record_batch(batch.size, input_ns, infer_ns, output_ns, len(entries))
+            if self.batch_observer is not None:
+                per_sample_j = self.batch_observer(batcher.name, lane.device, batch.size, infer_ns / 1e9)
+                stats.energy_j += per_sample_j * batch.size
             for e, outputs in zip(entries, per_request):
                 if not e.future.done():
                     e.future.set_result(outputs)

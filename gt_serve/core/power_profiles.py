@@ -89,3 +89,21 @@ def profile_for(name: str) -> dict[str, Any]:
         return copy.deepcopy(PROFILES[name])
     except KeyError:
         raise NotFound(f"no example power profile {name!r}; have {', '.join(sorted(PROFILES))}") from None
+
+
+def resolve_profile(raw: dict[str, Any] | None, default_preset: str = "cpu_box") -> dict[str, Any]:
+    """A node's `power_profile` config: `{preset: NAME, ...overrides}` or a full inline profile.
+    Errors name the config key and the bad value."""
+    from gt_serve.errors import ConfigError
+
+    raw = dict(raw or {})
+    preset = raw.pop("preset", None)
+    if preset is None and not raw:
+        preset = default_preset
+    if preset is not None:
+        if preset not in PROFILES:
+            raise ConfigError(f"config key 'power_profile.preset' must be one of {sorted(PROFILES)}, got {preset!r}")
+        base = profile_for(preset)
+        base.update(raw)
+        return base
+    return raw

@@ -85,4 +85,8 @@ class ModelStats:
                 for size, b in sorted(self.batches.items())
             ],
             "memory_usage": [],
+            # gt_serve extension: dynamic energy attributed to this model version (J above idle)
+            "energy": {"dynamic_j": round(self.energy_j, 9),
+                       "dynamic_j_per_inference": round(self.energy_j / self.inference_count, 9)
+                       if self.inference_count else 0.0},
         }

@@ -1,0 +1,54 @@
+"""Energy metrics and status: J/inference per model and device, meter totals and power.
+
+Triton's `nv_energy_consumption` / `nv_gpu_power_usage` for NVML-metered GPUs; `gt_*` for the rest.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+
+def energy_metric_provider(energy: Any):
+    def collect():
+        energy.refresh()
+        joules = CounterMetricFamily("gt_energy_joules", "Dynamic energy (above idle) attributed per model and device",
+                                     labels=["model", "device"])
+        per_inf = GaugeMetricFamily("gt_energy_joules_per_inference", "Attributed joules per inference",
+                                    labels=["model", "device"])
+        for model, device, inferences, dynamic_j in energy.accounting.pairs():
+            joules.add_metric([model, device], dynamic_j)
+            per_inf.add_metric([model, device], dynamic_j / inferences if inferences else 0.0)
+        yield joules
+        yield per_inf
+        node = CounterMetricFamily("gt_node_energy_joules", "Energy read by each meter since start", labels=["device", "meter"])
+        power = GaugeMetricFamily("gt_node_power_watts", "Current power per meter", labels=["device", "meter"])
+        nv_energy = CounterMetricFamily("nv_energy_consumption", "GPU energy consumption in joules since start", labels=["gpu_uuid"])
+        nv_power = GaugeMetricFamily("nv_gpu_power_usage", "GPU power usage in watts", labels=["gpu_uuid"])
+        has_gpu = False
+        for device, meter in energy.unique_meters().items():
+            e_j, p_w = meter.energy_j(), meter.power_w()
+            node.add_metric([device, meter.name], e_j)
+            power.add_metric([device, meter.name], p_w)
+            if device.startswith("gpu:"):
+                has_gpu = True
+                nv_energy.add_metric([meter.name], e_j)
+                nv_power.add_metric([meter.name], p_w)
+        yield node
+        yield power
+        if has_gpu:
+            yield nv_energy
+            yield nv_power
+
+    return collect
+
+
+def energy_status_provider(energy: Any):
+    def snapshot() -> dict:
+        totals = energy.totals()
+        rows = [{"model": model, "device": device, "joules": dynamic_j,
+                 "joules_per_inference": dynamic_j / inferences if inferences else 0.0}
+                for model, device, inferences, dynamic_j in energy.accounting.pairs()]
+        return {"energy": rows, "energy_total": totals["total"], "power_w": energy.power_w()}
+
+    return snapshot
