@@ -50,6 +50,9 @@ class App:
         self.host_pool = None
         self.energy = None
         self.metric_providers: list = []
+        self.telemetry = None
+        self.fleet = None
+        self.peer_client = None
         self.status_providers: list = []
         self.power_profile = _device_profile(cfg)  # validated before anything starts
         self._stop_event: asyncio.Event | None = None
@@ -114,6 +117,7 @@ class App:
                                    default_timeout_s=s.request_timeout_s, max_batch_size=s.max_batch_size)
         await self._load_initial_models()
         await self._start_front_ends()
+        await self._start_cluster()
         self._write_port_file()
         self.dataplane.set_ready(True)
         log.info("gt-serve ready: HTTP %s, gRPC %s, metrics %s; lanes %s", self.ports.get("http"),
@@ -170,7 +174,8 @@ class App:
         if s.allow_grpc:
             from .protocol.grpc import start_grpc
 
-            self.grpc = await start_grpc(self.dataplane, s.host, s.grpc_port, auth_token=s.auth_token)
+            self.grpc = await start_grpc(self.dataplane, s.host, s.grpc_port, auth_token=s.auth_token,
+                                         peer_token=self.cfg.cluster.peer_token)
             self.ports["grpc"] = self.grpc.port
         if s.allow_metrics:
             try:
@@ -180,6 +185,54 @@ class App:
             if start_metrics is not None:
                 self.metrics = await start_metrics(self, s.host, s.metrics_port)
                 self.ports["metrics"] = self.metrics.port
+
+    async def _start_cluster(self) -> None:
+        """With telemetry on: publish this node over MQTT, watch the peers, route and forward to them."""
+        t, c = self.cfg.telemetry, self.cfg.cluster
+        if not t.enabled:
+            return
+        import time as _time
+
+        from .core.fleet import FleetRouter, local_row_factory, local_snapshot
+        from .core.router import Router
+        from .edge.peer_client import PeerClient
+        from .edge.telemetry import BrokerSettings, TelemetryAgent
+
+        broker = BrokerSettings(host=t.broker_host, port=t.broker_port, username=t.username, password=t.password,
+                                ca_file=t.tls_ca_file, cert_file=t.tls_cert_file, key_file=t.tls_key_file,
+                                tls_insecure=t.tls_insecure, keepalive_s=t.keepalive_s)
+        caps = {"endpoints": {"grpc": f"{c.advertise_host}:{self.ports.get('grpc', 0)}",
+                              "http": f"{c.advertise_host}:{self.ports.get('http', 0)}"},
+                "devices": [{"id": d, "kind": "gpu" if d.startswith("gpu") else "cpu", "memory_bytes": 0}
+                            for d in sorted({lane.device for lane in self.lanes})],
+                "models": sorted({m.name for m in self.registry.loaded()}),
+                "power_profile": {"name": self.power_profile.name, "idle_w": self.power_profile.idle_w,
+                                  "busy_w": self.power_profile.busy_w}}
+        snapshot = lambda: local_snapshot(self.registry.loaded(), self.lanes, self.energy, _time.monotonic())  # noqa: E731
+        self.telemetry = TelemetryAgent(broker, cluster=c.name, node=self.cfg.node_name, snapshot=snapshot,
+                                        caps=caps, period_s=t.period_s)
+        await self.telemetry.start()
+        r = self.cfg.router
+        router = Router(r.policy, r.epsilon)
+        slo = {m: ms / 1e3 for m, ms in r.slo_ms.items()}
+        self.fleet = FleetRouter(self.cfg.node_name, self.telemetry.view, router,
+                                 local_row=local_row_factory(self.registry, self.energy),
+                                 slo_s=lambda model: slo.get(model, float("inf")))
+        self.peer_client = PeerClient(token=c.peer_token or self.cfg.server.auth_token, timeout_s=c.forward_timeout_s)
+        self.dataplane.fleet = self.fleet
+        self.dataplane.forward = lambda target, request: self.peer_client.forward(target.node, target.endpoint, request)
+        self.dataplane.max_hops = c.max_hops
+        self.status_providers.append(self._peers_status)
+        log.info("cluster '%s': node '%s' publishing to mqtt://%s:%d", c.name, self.cfg.node_name,
+                 t.broker_host, t.broker_port)
+
+    def _peers_status(self) -> dict:
+        import time as _time
+
+        now = _time.monotonic()
+        return {"peers": [{"node": p.node, "state": p.health.value, "age_s": p.age_s}
+                          for p in self.telemetry.view.peers(now)],
+                "routes": dict(self.fleet.decisions)}
 
     def _write_port_file(self) -> None:
         path = self.cfg.server.port_file
@@ -194,6 +247,8 @@ class App:
         drain_s = self.cfg.server.drain_timeout_s
         if self.dataplane is not None:
             self.dataplane.set_draining()
+        if self.telemetry is not None:
+            await self.telemetry.set_state("draining")
         # both front ends stop accepting at once, then drain their in-flight requests together
         closing = [self.http.close(drain_s)] if self.http is not None else []
         if self.grpc is not None:
@@ -201,6 +256,10 @@ class App:
         await asyncio.gather(*closing)
         if self.metrics is not None:
             await self.metrics.close(1.0)
+        if self.telemetry is not None:
+            await self.telemetry.stop()  # publishes 'offline', so peers see no last will
+        if self.peer_client is not None:
+            await self.peer_client.close()
         if self.registry is not None:
             await self.registry.close_all()
         if self.scheduler is not None:

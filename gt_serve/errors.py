@@ -55,6 +55,14 @@ class QueueFull(Unavailable):
     pass
 
 
+class PeerUnavailable(Unavailable):
+    """A peer node could not serve a forwarded request (down, overloaded, timed out): re-route it."""
+
+    def __init__(self, message: str, peer: str = "") -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
 class DeadlineExceeded(GtServeError):
     code = Code.DEADLINE_EXCEEDED
 

@@ -31,11 +31,13 @@ import numpy as np
 
 from .. import __version__
 from ..datatypes import array_from_raw, element_count, raw_from_array
-from ..errors import GtServeError, InvalidArgument, ModelNotFound, Unavailable, Unsupported
+from ..errors import GtServeError, InvalidArgument, ModelNotFound, PeerUnavailable, Unavailable, Unsupported
 from ..types import InferRequest, InferResponse, RequestedOutput, Tensor
 from .model_config import model_config_json  # noqa: F401  (re-exported for the front ends)
 from .registry import READY, LoadedModel, ModelRegistry, decode_load_files
 from .shared_memory import CudaSharedMemory, SystemSharedMemory
+
+HOPS_PARAMETER = "gt_hops"  # how many nodes a forwarded request has passed through
 
 EXTENSIONS = ["classification", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
               "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data",
@@ -47,7 +49,7 @@ _now_ns = time.monotonic_ns
 class DataPlane:
     def __init__(self, registry: ModelRegistry, *, server_name: str = "gt_serve", model_control_mode: str = "none",
                  shm: SystemSharedMemory | None = None, cuda_shm: CudaSharedMemory | None = None,
-                 default_timeout_s: float = 0.0, max_batch_size: int = 0, router: Any = None) -> None:
+                 default_timeout_s: float = 0.0, max_batch_size: int = 0) -> None:
         self.registry = registry
         self.server_name = server_name
         self.model_control_mode = model_control_mode
@@ -55,7 +57,10 @@ class DataPlane:
         self.cuda_shm = cuda_shm or CudaSharedMemory()
         self.default_timeout_s = default_timeout_s
         self.max_batch_size = max_batch_size
-        self.router = router  # optional: routes to peers (edge cluster); None = local only
+        # edge cluster (optional): fleet.choose() picks here or a peer; forward(target, request) sends it
+        self.fleet = None
+        self.forward = None
+        self.max_hops = 2
         self._ready = False
         self._draining = False
 
@@ -98,6 +103,37 @@ class DataPlane:
 
     # -- inference ------------------------------------------------------------------------------
     async def infer(self, request: InferRequest) -> InferResponse:
+        hops = request.parameters.pop(HOPS_PARAMETER, None)
+        if isinstance(hops, int) and not isinstance(hops, bool):
+            request.hops = max(request.hops, hops)
+        if self.fleet is not None and request.hops < self.max_hops and _forwardable(request):
+            return await self._infer_in_fleet(request)
+        return await self._infer_here(request)
+
+    async def _infer_in_fleet(self, request: InferRequest) -> InferResponse:
+        """Serve here or on a peer, as the fleet router decides; a failed peer is routed around,
+        so the request is answered once, by whoever can."""
+        batch = request.inputs[0].shape[0] if request.inputs and request.inputs[0].shape else 1
+        tried: set[str] = set()
+        failures: list[str] = []
+        while True:
+            target = self.fleet.choose(request.model_name, batch, tried)
+            if target is None:
+                if failures and not self.registry.ready(request.model_name, request.model_version):
+                    raise Unavailable(f"model '{request.model_name}': no node could serve the request: "
+                                      + "; ".join(failures))
+                return await self._infer_here(request)
+            try:
+                response = await self.forward(target, request)
+            except PeerUnavailable as exc:
+                self.fleet.mark_failed(target.node)
+                tried.add(target.node)
+                failures.append(str(exc))
+                continue
+            self.fleet.mark_ok(target.node)
+            return response
+
+    async def _infer_here(self, request: InferRequest) -> InferResponse:
         start_ns = _now_ns()
         model = self.registry.get(request.model_name, request.model_version)
         if model.state != READY:
@@ -278,6 +314,13 @@ class DataPlane:
 
     def cuda_shm_status(self, name: str = "") -> list[dict]:
         return self.cuda_shm.status(name)
+
+
+def _forwardable(request: InferRequest) -> bool:
+    """Requests that touch this node's shared memory must be served here."""
+    if any(t.data is None for t in request.inputs):
+        return False
+    return not any(o.parameters.get("shared_memory_region") for o in (request.outputs or ()))
 
 
 def _check_utf8(tensor: str, model: str, data: np.ndarray) -> None:

@@ -11,30 +11,15 @@ import time
 
 import numpy as np
 
-from ..errors import DeadlineExceeded, GtServeError, InvalidArgument, Unavailable
+from ..core.dataplane import HOPS_PARAMETER
+from ..errors import DeadlineExceeded, GtServeError, InvalidArgument, PeerUnavailable
 from ..types import InferRequest, InferResponse, Tensor
 
 log = logging.getLogger(__name__)
 
-HOPS_PARAMETER = "gt_hops"
-_CLIENT_FAULTS = ("StatusCode.INVALID_ARGUMENT", "StatusCode.NOT_FOUND", "StatusCode.UNAUTHENTICATED")
+_CLIENT_FAULTS = ("StatusCode.INVALID_ARGUMENT",)
 _RESERVED = {"priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "binary_data_output",
              "headers", HOPS_PARAMETER}
-
-
-class PeerUnavailable(Unavailable):
-    """The peer could not serve the request (down, overloaded, timed out): re-route it."""
-
-    def __init__(self, message: str, peer: str) -> None:
-        super().__init__(message)
-        self.peer = peer
-
-
-def forwardable(request: InferRequest) -> bool:
-    """Requests that touch this node's shared memory must be served here."""
-    if any(t.data is None for t in request.inputs):
-        return False
-    return not any(o.parameters.get("shared_memory_region") for o in (request.outputs or ()))
 
 
 class PeerClient:
@@ -79,7 +64,7 @@ class PeerClient:
                 client_timeout=timeout_s, headers=headers)
         except InferenceServerException as exc:
             status = str(exc.status() or "")
-            if status in _CLIENT_FAULTS:
+            if status in _CLIENT_FAULTS and "unknown model" not in (exc.message() or ""):
                 raise InvalidArgument(exc.message()) from None
             raise PeerUnavailable(f"peer '{node}' ({endpoint}) failed: {exc.message()} [{status}]", node) from None
         except GtServeError:

@@ -277,8 +277,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
     """Requires `authorization: Bearer <token>` on every RPC except ServerLive / ServerReady."""
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, *tokens: str) -> None:
+        self._expected = [f"Bearer {t}".encode() for t in tokens if t]
         self._deny_unary = grpc.unary_unary_rpc_method_handler(self._deny)
         self._deny_stream = grpc.stream_stream_rpc_method_handler(self._deny)
 
@@ -291,7 +291,7 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
             if key == "authorization":
                 if isinstance(value, str):
                     value = value.encode()
-                return hmac.compare_digest(value, self._expected)
+                return any(hmac.compare_digest(value, expected) for expected in self._expected)
         return False
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -323,15 +323,17 @@ async def start_grpc(
     port: int,
     *,
     auth_token: str | None = None,
+    peer_token: str | None = None,
     max_message_bytes: int = 2**31 - 1,
 ) -> GrpcFrontEnd:
-    """Start the gRPC front end on the running event loop."""
+    """Start the gRPC front end on the running event loop. With `auth_token`, every RPC but health
+    needs a bearer token: that one, or `peer_token` (what fleet nodes forward with)."""
     options = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
-    interceptors = [BearerAuthInterceptor(auth_token)] if auth_token else None
+    interceptors = [BearerAuthInterceptor(auth_token, peer_token or "")] if auth_token else None
     server = grpc.aio.server(options=options, interceptors=interceptors)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
     if ":" in host and not host.startswith("["):
