@@ -230,7 +230,10 @@ class App:
         import time as _time
 
         now = _time.monotonic()
-        return {"peers": [{"node": p.node, "state": p.health.value, "age_s": p.age_s}
+        return {"peers": [{"node": p.node, "state": p.health.value, "age_s": p.age_s,
+                           # from the peer's caps: empty until they arrive (the peer is not routable before)
+                           "grpc": (getattr(p.caps, "endpoints", None) or {}).get("grpc", ""),
+                           "models": list(getattr(p.caps, "models", ()))}
                           for p in self.telemetry.view.peers(now)],
                 "routes": dict(self.fleet.decisions)}
 
@@ -295,6 +298,18 @@ def _device_profile(cfg: Config):
     return DeviceProfile.from_dict(raw, name=str(raw.get("name", "node")))
 
 
+def _loop_factory(choice: str):
+    """uvloop when present (GT_EVENT_LOOP=asyncio forces the standard loop)."""
+    if choice != "asyncio":
+        try:
+            import uvloop
+
+            return uvloop.new_event_loop
+        except ImportError:
+            pass
+    return asyncio.new_event_loop
+
+
 def _array_backend():
     try:
         from .backends.numpy_backend import NumpyBackend
@@ -306,11 +321,6 @@ def _array_backend():
 
 def run(cfg: Config) -> None:
     app = App(cfg)
-    try:
-        import uvloop
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
+    runner = asyncio.Runner(loop_factory=_loop_factory(os.environ.get("GT_EVENT_LOOP", "")))
     with runner:
         runner.run(app.serve())

@@ -1,0 +1,190 @@
+"""Batcher + stream scheduler on real lanes (worker threads): work conservation, batching under load,
+queue limits, timeouts, priorities and fair share between models.
+
+The batch jobs here are gated callables instead of onnxruntime sessions, so each test decides exactly
+when a lane finishes: scheduling order is then deterministic (the end-to-end path with real sessions
+is covered by the integration tests)."""
+import asyncio
+import threading
+import time
+
+import pytest
+
+from gt_serve.core.batch_policy import BatchConfig
+from gt_serve.core.batcher import Batcher, QueuePolicy
+from gt_serve.core.stream_scheduler import StreamScheduler
+from gt_serve.errors import DeadlineExceeded, QueueFull
+from gt_serve.execution.lanes import Lane
+
+
+class Gate:
+    """Jobs block until released; records the batches in the order lanes ran them."""
+
+    def __init__(self):
+        self.ran = []
+        self.started = threading.Semaphore(0)
+        self._go = threading.Semaphore(0)
+
+    def job_for(self, batcher):
+        def make(batch):
+            def run():
+                self.ran.append((batcher.name, [e.feeds["tag"] for e in batch.entries]))
+                self.started.release()
+                assert self._go.acquire(timeout=10)
+                return [[e.feeds["tag"]] for e in batch.entries], (0, 0, 0)
+            return run
+        return make
+
+    def release(self, n=1):
+        for _ in range(n):
+            self._go.release()
+
+
+async def wait_started(gate, n=1):
+    for _ in range(n):
+        assert await asyncio.to_thread(gate.started.acquire, True, 10)
+
+
+def setup(loop, n_lanes=1):
+    lanes = [Lane(f"cpu.{i}", "cpu", loop) for i in range(n_lanes)]
+    for lane in lanes:
+        lane.start()
+    sched = StreamScheduler(loop, lanes)
+
+    def done(batch, lane, result, exc):
+        outputs, _ = result
+        for e, out in zip(batch.entries, outputs):
+            if not e.future.done():
+                e.future.set_result(out)
+
+    sched.on_batch_done = done
+    return lanes, sched
+
+
+def make_batcher(sched, lanes, gate, name, mbs=8, delay_s=0.0, policy=QueuePolicy(), levels=0, weight=1.0):
+    b = Batcher(name, BatchConfig(mbs, (), delay_s), policy, priority_levels=levels, weight=weight, lanes=tuple(lanes))
+    b.runner_for_lane = {lane.lane_id: gate.job_for(b) for lane in lanes}
+    sched.register(b)
+    return b
+
+
+def submit(b, tag, **kw):
+    return b.submit({"tag": tag}, 1, (), **kw)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_idle_lane_dispatches_without_waiting_out_the_delay():
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes, sched = setup(loop)
+        gate = Gate()
+        b = make_batcher(sched, lanes, gate, "m", delay_s=30.0)  # a delay that would fail the test
+        f = submit(b, 1)
+        await wait_started(gate)
+        gate.release()
+        assert await asyncio.wait_for(f, 10) == [1]
+        for lane in lanes:
+            lane.stop()
+    run(main())
+
+
+def test_requests_queued_behind_a_busy_lane_form_one_batch():
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes, sched = setup(loop)
+        gate = Gate()
+        b = make_batcher(sched, lanes, gate, "m", mbs=8)
+        first = submit(b, 0)
+        await wait_started(gate)
+        rest = [submit(b, i) for i in range(1, 6)]
+        gate.release()
+        await wait_started(gate)
+        gate.release()
+        assert await asyncio.wait_for(asyncio.gather(first, *rest), 10) == [[i] for i in range(6)]
+        assert gate.ran == [("m", [0]), ("m", [1, 2, 3, 4, 5])]  # merged, order kept
+        for lane in lanes:
+            lane.stop()
+    run(main())
+
+
+def test_full_queue_is_refused_at_once_and_timeouts_fail_clearly():
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes, sched = setup(loop)
+        gate = Gate()
+        b = make_batcher(sched, lanes, gate, "m", mbs=1, policy=QueuePolicy(max_queue_size=2))
+        running = submit(b, 0)
+        await wait_started(gate)
+        queued = [submit(b, 1), submit(b, 2)]
+        with pytest.raises(QueueFull, match="queue is full"):
+            submit(b, 3)
+        b.policy = QueuePolicy(max_queue_size=3)
+        late = submit(b, 4, deadline_s=time.monotonic() + 0.05)
+        with pytest.raises(DeadlineExceeded, match="timed out in the queue"):
+            await asyncio.wait_for(late, 10)
+        gate.release(3)
+        assert await asyncio.wait_for(asyncio.gather(running, *queued), 10) == [[0], [1], [2]]
+        assert [tags for _, tags in gate.ran] == [[0], [1], [2]]  # the expired request never ran
+        for lane in lanes:
+            lane.stop()
+    run(main())
+
+
+def test_priority_levels_are_honoured():
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes, sched = setup(loop)
+        gate = Gate()
+        b = make_batcher(sched, lanes, gate, "m", mbs=1, levels=2)
+        blocker = submit(b, "first")
+        await wait_started(gate)
+        low = submit(b, "low", priority=2)
+        high = submit(b, "high", priority=1)
+        gate.release(3)
+        await asyncio.wait_for(asyncio.gather(blocker, low, high), 10)
+        assert [tags[0] for _, tags in gate.ran] == ["first", "high", "low"]
+        for lane in lanes:
+            lane.stop()
+    run(main())
+
+
+def test_a_hot_model_cannot_starve_a_cold_one():
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes, sched = setup(loop)
+        gate = Gate()
+        hot = make_batcher(sched, lanes, gate, "hot", mbs=1)
+        cold = make_batcher(sched, lanes, gate, "cold", mbs=1)
+        hot_futures = [submit(hot, i) for i in range(20)]
+        await wait_started(gate)
+        gate.release()  # hot ran once: it now has more virtual time than cold
+        cold_future = submit(cold, "c")
+        await wait_started(gate)
+        gate.release()
+        await wait_started(gate)
+        names = [name for name, _ in gate.ran]
+        assert names[:3] == ["hot", "cold", "hot"], f"cold starved behind {names}"
+        gate.release(100)
+        await asyncio.wait_for(asyncio.gather(cold_future, *hot_futures), 10)
+        for lane in lanes:
+            lane.stop()
+    run(main())
+
+
+def test_two_lanes_run_two_batches_at_once():
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes, sched = setup(loop, n_lanes=2)
+        gate = Gate()
+        b = make_batcher(sched, lanes, gate, "m", mbs=1)
+        futures = [submit(b, i) for i in range(2)]
+        await wait_started(gate, 2)  # both started before either was released: they overlap
+        gate.release(2)
+        assert await asyncio.wait_for(asyncio.gather(*futures), 10) == [[0], [1]]
+        assert {lane.batches_run for lane in lanes} == {1}
+        for lane in lanes:
+            lane.stop()
+    run(main())
