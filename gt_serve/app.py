@@ -194,7 +194,7 @@ class App:
         import time as _time
 
         from .core.fleet import FleetRouter, local_row_factory, local_snapshot
-        from .core.router import Router
+        from .core.router import Router, RouterSet
         from .edge.peer_client import PeerClient
         from .edge.telemetry import BrokerSettings, TelemetryAgent
 
@@ -213,7 +213,8 @@ class App:
                                         caps=caps, period_s=t.period_s)
         await self.telemetry.start()
         r = self.cfg.router
-        router = Router(r.policy, r.epsilon)
+        router = RouterSet(Router(r.policy, r.epsilon),
+                           {model: Router(policy, r.epsilon) for model, policy in r.model_policies.items()})
         slo = {m: ms / 1e3 for m, ms in r.slo_ms.items()}
         self.fleet = FleetRouter(self.cfg.node_name, self.telemetry.view, router,
                                  local_row=local_row_factory(self.registry, self.energy),

@@ -76,7 +76,7 @@ def complete_config(cfg: mc.ModelConfig, name: str, graph_inputs: list, graph_ou
     if not cfg.HasField("version_policy"):
         cfg.version_policy.latest.num_versions = 1
     if not cfg.instance_group:
-        cfg.instance_group.add(name=name, kind=mc.ModelInstanceGroup.KIND_AUTO, count=1)
+        cfg.instance_group.add(name=name, kind=mc.ModelInstanceGroup.KIND_AUTO, count=0)  # the host fills it in
     return cfg
 
 

@@ -67,15 +67,24 @@ class LocalModelHost:
         scheduler.on_batch_done = self._on_batch_done
 
     def _lanes_for(self, cfg: mc.ModelConfig) -> list:
-        kinds = {g.kind for g in cfg.instance_group}
-        gpus = {int(d) for g in cfg.instance_group for d in g.gpus}
-        gpu_lanes = [l for l in self.lanes if l.on_gpu and (not gpus or int(l.device.split(":")[1]) in gpus)]
-        cpu_lanes = [l for l in self.lanes if not l.on_gpu]
-        if kinds == {mc.ModelInstanceGroup.KIND_CPU}:
-            return cpu_lanes
-        if mc.ModelInstanceGroup.KIND_GPU in kinds:
-            return gpu_lanes or cpu_lanes
-        return gpu_lanes or cpu_lanes  # KIND_AUTO: the GPU when there is one
+        """instance_group -> the shared lanes this model may use: per group, `count` lanes of its kind
+        (KIND_GPU on the listed GPUs; KIND_AUTO: the GPU when there is one, else the CPU)."""
+        cpu_lanes = [lane for lane in self.lanes if not lane.on_gpu]
+        chosen: list = []
+        for group in cfg.instance_group:
+            gpus = {int(d) for d in group.gpus}
+            gpu_lanes = [lane for lane in self.lanes
+                         if lane.on_gpu and (not gpus or int(lane.device.split(":")[1]) in gpus)]
+            if group.kind == mc.ModelInstanceGroup.KIND_CPU:
+                pool = cpu_lanes
+            else:  # KIND_GPU or KIND_AUTO (a GPU group on a machine without one runs on the CPU)
+                pool = gpu_lanes or cpu_lanes
+            if group.count <= 0:  # unspecified: every lane of that kind (shown in /config as the count)
+                group.count = len(pool)
+            for lane in pool[:group.count]:
+                if lane not in chosen:
+                    chosen.append(lane)
+        return chosen or cpu_lanes or list(self.lanes)
 
     def open(self, model: LoadedModel) -> None:
         """Runs in a worker thread: builds one runner per device (CPU lanes share one session)."""

@@ -10,8 +10,9 @@ import time
 from typing import Any
 
 import orjson
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from .http_server import HttpServer, Request, Response, json_error
 from .status_page import STATUS_HTML
@@ -60,6 +61,11 @@ class ServerCollector:
             queue.add_metric([m.name, m.version], getattr(ex, "pending", 0))
         yield batches
         yield queue
+        pending = GaugeMetricFamily("nv_inference_pending_request_count",
+                                    "Requests queued for the model and not yet running (Triton's name)", labels=labels)
+        for sample in queue.samples:
+            pending.add_metric([sample.labels["model"], sample.labels["version"]], sample.value)
+        yield pending
 
         busy = CounterMetricFamily("gt_lane_busy_seconds", "Time each lane spent running batches", labels=["lane", "device"])
         runs = CounterMetricFamily("gt_lane_batches", "Batches run by each lane", labels=["lane", "device"])
@@ -77,6 +83,36 @@ class ServerCollector:
         """Energy, router and peers: present once those parts are wired into the app."""
         for provider in getattr(app, "metric_providers", ()):
             yield from provider()
+
+
+_METRICS_HEADERS = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+_TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary"}
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """Prometheus text format 0.0.4, as prometheus_client.generate_latest writes it except that
+    Triton's nv_* counters keep Triton's names (no `_total` suffix), so dashboards and alerts
+    written for Triton work unchanged; our gt_* counters follow the Prometheus `_total` convention."""
+    out: list[str] = []
+    for metric in registry.collect():
+        name, kind = metric.name, _TYPES.get(metric.type, "untyped")
+        samples = [s for s in metric.samples if not s.name.endswith("_created")]
+        if kind == "counter":
+            if name.startswith("nv_"):
+                samples = [s._replace(name=name) if s.name == name + "_total" else s for s in samples]
+            else:
+                name += "_total"
+        doc = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
+        for s in samples:
+            labels = ",".join(f'{k}="{_escape_label(str(v))}"' for k, v in sorted(s.labels.items()))
+            out.append(f"{s.name}{{{labels}}} {floatToGoString(s.value)}\n" if labels
+                       else f"{s.name} {floatToGoString(s.value)}\n")
+    return "".join(out).encode("utf-8")
 
 
 def status_snapshot(app: Any) -> dict:
@@ -115,7 +151,7 @@ class MetricsFrontEnd:
         if req.method not in ("GET", "HEAD"):
             return json_error(405, f"method {req.method} is not allowed on {req.path}")
         if req.path == "/metrics":
-            return Response(200, generate_latest(self.registry), {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+            return Response(200, exposition(self.registry), _METRICS_HEADERS)
         if req.path in ("/", "/status"):
             return Response(200, STATUS_HTML, {"Content-Type": "text/html; charset=utf-8"})
         if req.path == "/status.json":

@@ -105,3 +105,26 @@ def test_override_and_unload(tmp_path):
         with pytest.raises(InvalidArgument, match="invalid config override"):
             await reg.load("auto", config_json="{not json")
     asyncio.run(main())
+
+
+def test_instance_group_count_limits_lanes(tmp_path):
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes = [Lane(f"cpu.{i}", "cpu", loop) for i in range(3)]
+        for lane in lanes:
+            lane.start()
+        host = LocalModelHost(loop, StreamScheduler(loop, lanes), lanes,
+                              lambda path, device, lane: OnnxRunner(path), make_job_factory(SimpleArrayBackend()))
+        mb.scale(tmp_path / "one" / "1" / "model.onnx")
+        (tmp_path / "one" / "config.pbtxt").write_text("instance_group [ { kind: KIND_CPU count: 1 } ]\n")
+        mb.scale(tmp_path / "all" / "1" / "model.onnx")
+        reg = ModelRegistry(tmp_path, describe_model, host)
+        await reg.load("one")
+        await reg.load("all")
+        assert len(reg.get("one").executor.lanes) == 1
+        assert len(reg.get("all").executor.lanes) == 3
+        assert reg.get("all").config.instance_group[0].count == 3  # the default shows what it got
+        await reg.close_all()
+        for lane in lanes:
+            lane.stop()
+    asyncio.run(main())
