@@ -127,7 +127,7 @@ class App:
         from .backends.power import StaticProfileMeter, detect_meters
         from .core.energy import EnergyModel
         from .core.node_energy import NodeEnergy
-        from .protocol.energy_metrics import energy_metric_provider, energy_status_provider
+        from .protocol.resource_metrics import energy_metric_provider, energy_status_provider, pool_metric_provider
 
         model = EnergyModel()
         devices = sorted({lane.device for lane in self.lanes})
@@ -146,6 +146,9 @@ class App:
                 meters[device] = node_meter
         self.energy = NodeEnergy(model, meters)
         host.batch_observer = self.energy.on_batch
+        if self.host_pool is not None:
+            self.metric_providers.append(pool_metric_provider(self.host_pool))
+            self.status_providers.append(lambda: {"host_pool": self.host_pool.statistics()})
         self.metric_providers.append(energy_metric_provider(self.energy))
         self.status_providers.append(energy_status_provider(self.energy))
         log.info("energy: profile %s, meters %s", self.power_profile.name,

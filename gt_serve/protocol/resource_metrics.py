@@ -1,4 +1,5 @@
-"""Energy metrics and status: J/inference per model and device, meter totals and power.
+"""Metrics and status for the node's resources: energy (J/inference per model and device, meter
+totals and power) and the host buffer pool.
 
 Triton's `nv_energy_consumption` / `nv_gpu_power_usage` for NVML-metered GPUs; `gt_*` for the rest.
 """
@@ -52,3 +53,19 @@ def energy_status_provider(energy: Any):
         return {"energy": rows, "energy_total": totals["total"], "power_w": energy.power_w()}
 
     return snapshot
+
+
+def pool_metric_provider(pool: Any):
+    def collect():
+        stats = pool.statistics()
+        for key, doc in (("allocations", "Buffers the host pool allocated"), ("hits", "Acquires served from the pool"),
+                         ("misses", "Acquires that had to allocate")):
+            fam = CounterMetricFamily(f"gt_host_pool_{key}", doc)
+            fam.add_metric([], stats.get(key, 0))
+            yield fam
+        for key in ("bytes_in_use", "bytes_cached"):
+            fam = GaugeMetricFamily(f"gt_host_pool_{key}", f"Host pool {key.replace('_', ' ')}")
+            fam.add_metric([], stats.get(key, 0))
+            yield fam
+
+    return collect
