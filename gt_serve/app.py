@@ -115,6 +115,13 @@ class App:
         self.registry = ModelRegistry(repo, describe_model, host, drain_timeout_s=s.drain_timeout_s)
         self.dataplane = DataPlane(self.registry, server_name=s.server_name, model_control_mode=s.model_control_mode,
                                    default_timeout_s=s.request_timeout_s, max_batch_size=s.max_batch_size)
+        if cfg.pipelines:
+            from .errors import GtServeError
+
+            try:
+                self.dataplane.set_pipelines(dict(cfg.pipelines), node=cfg.node_name)
+            except (GtServeError, ValueError) as exc:
+                raise SystemExit(f"gt-serve: {exc}") from None
         await self._load_initial_models()
         await self._start_front_ends()
         await self._start_cluster()
@@ -225,6 +232,8 @@ class App:
         self.peer_client = PeerClient(token=c.peer_token or self.cfg.server.auth_token, timeout_s=c.forward_timeout_s)
         self.dataplane.fleet = self.fleet
         self.dataplane.forward = lambda target, request: self.peer_client.forward(target.node, target.endpoint, request)
+        self.dataplane.describe_peer = lambda target, model: self.peer_client.describe(target.node, target.endpoint,
+                                                                                      model)
         self.dataplane.max_hops = c.max_hops
         self.status_providers.append(self._peers_status)
         log.info("cluster '%s': node '%s' publishing to mqtt://%s:%d", c.name, self.cfg.node_name,

@@ -89,6 +89,7 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     power_profile: Mapping[str, Any] = field(default_factory=dict)
     models: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-model knobs (batching, slo, placement)
+    pipelines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> stage models, in order
 
 
 _SECTIONS = {"server": ServerConfig, "lanes": LanesConfig, "router": RouterConfig,
@@ -148,7 +149,7 @@ def parse_config(raw: Mapping[str, Any]) -> Config:
         raw = {}
     if not isinstance(raw, Mapping):
         raise ConfigError("the node config must be a YAML mapping at the top level")
-    allowed = set(_SECTIONS) | {"node", "power_profile", "models"}
+    allowed = set(_SECTIONS) | {"node", "power_profile", "models", "pipelines"}
     for key in raw:
         if key not in allowed:
             raise ConfigError(f"unknown config key '{key}' (known: {', '.join(sorted(allowed))})")
@@ -159,9 +160,33 @@ def parse_config(raw: Mapping[str, Any]) -> Config:
     if "cluster" in node:
         kwargs["cluster"] = replace(kwargs["cluster"], name=str(node["cluster"]))
     cfg = Config(node_name=str(node.get("name", "node")), power_profile=dict(raw.get("power_profile") or {}),
-                 models=dict(raw.get("models") or {}), **kwargs)
+                 models=dict(raw.get("models") or {}), pipelines=_pipelines(raw.get("pipelines") or {}),
+                 **kwargs)
     validate(cfg)
     return cfg
+
+
+def _pipelines(raw: Any) -> dict[str, tuple[str, ...]]:
+    """pipelines: {NAME: {stages: [model, ...]}} -> {NAME: (model, ...)}."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config key 'pipelines' must map pipeline names to {{stages: [...]}}, got {raw!r}")
+    out = {}
+    for name, entry in raw.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"config key 'pipelines': pipeline names must be non-empty strings, got {name!r}")
+        if not isinstance(entry, Mapping) or set(entry) != {"stages"}:
+            raise ConfigError(f"config key 'pipelines.{name}' takes only 'stages', got {entry!r}")
+        stages = entry["stages"]
+        if not isinstance(stages, (list, tuple)) or not stages \
+                or any(not isinstance(s, str) or not s for s in stages):
+            raise ConfigError(f"config key 'pipelines.{name}.stages' must be a non-empty list of model names, "
+                              f"got {stages!r}")
+        out[name] = tuple(stages)
+    for name, stages in out.items():
+        nested = [s for s in stages if s in out]
+        if nested:
+            raise ConfigError(f"config key 'pipelines.{name}.stages': '{nested[0]}' is a pipeline, not a model")
+    return out
 
 
 def validate(cfg: Config) -> None:

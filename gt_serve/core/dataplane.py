@@ -9,6 +9,7 @@ Contract (stable; the protocol modules code against it):
   model_metadata(name, version="") -> {"name", "versions": ["1"], "platform", "inputs": [{"name","datatype","shape"}], "outputs": [...]}
   model_ready(name, version="") -> bool              (False for an unknown model, never raises)
   model_config(name, version="") -> model_config_pb2.ModelConfig
+      (for a pipeline name, model_metadata and model_config return awaitables: a stage may live on a peer)
   async infer(InferRequest) -> InferResponse
       Inputs arrive as Tensor with numpy data, or data=None and parameters naming a shared-memory
       region (shared_memory_region / shared_memory_offset / shared_memory_byte_size): the data plane
@@ -61,6 +62,10 @@ class DataPlane:
         self.fleet = None
         self.forward = None
         self.max_hops = 2
+        # pipelines (optional, see core/pipeline.py): models split into stages, addressed by name
+        self.pipelines = None
+        self.describe_peer = None  # async (target, model) -> pipeline.StageInfo, for stages only peers serve
+        self._stage_infos: dict = {}
         self._ready = False
         self._draining = False
 
@@ -81,9 +86,13 @@ class DataPlane:
         return {"name": self.server_name, "version": __version__, "extensions": list(EXTENSIONS)}
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        if self.pipelines is not None and name in self.pipelines:
+            return self.pipelines.ready(name, version)
         return self.registry.ready(name, version)
 
-    def model_metadata(self, name: str, version: str = "") -> dict:
+    def model_metadata(self, name: str, version: str = ""):
+        if self.pipelines is not None and name in self.pipelines:
+            return self.pipelines.metadata(name, version)  # awaitable: a stage may be described by a peer
         model = self.registry.get(name, version)
         spec = model.spec
         batch = [-1] if spec.max_batch_size > 0 else []
@@ -99,13 +108,49 @@ class DataPlane:
         }
 
     def model_config(self, name: str, version: str = ""):
+        if self.pipelines is not None and name in self.pipelines:
+            return self.pipelines.config(name, version)  # awaitable
         return self.registry.get(name, version).config
+
+    # -- pipelines ------------------------------------------------------------------------------
+    def set_pipelines(self, pipelines: dict, node: str = "") -> None:
+        """Serve `pipelines` ({name: [stage model, ...]}) as models; a name may not be a repository model's."""
+        from .pipeline import Pipeline, PipelineSet
+
+        clash = sorted(set(pipelines) & set(self.registry.names()))
+        if clash:
+            raise InvalidArgument(f"pipeline '{clash[0]}' has the name of a model in the repository")
+        self.pipelines = PipelineSet([Pipeline(n, tuple(s)) for n, s in pipelines.items()],
+                                     local_info=self._stage_info, peer_targets=self._stage_peers,
+                                     describe_peer=lambda: self.describe_peer, infer=self.infer, node=node)
+
+    def _stage_info(self, name: str):
+        """A ready local model's metadata and config, kept per loaded version."""
+        from .pipeline import StageInfo
+
+        try:
+            model = self.registry.get(name)
+        except GtServeError:
+            return None
+        if model.state != READY:
+            return None
+        cached = self._stage_infos.get(name)
+        if cached is None or cached[0] is not model:
+            cached = self._stage_infos[name] = (model, StageInfo(self.model_metadata(name), model.config))
+        return cached[1]
+
+    def _stage_peers(self, name: str) -> list:
+        return self.fleet.targets_for(name) if self.fleet is not None else []
 
     # -- inference ------------------------------------------------------------------------------
     async def infer(self, request: InferRequest) -> InferResponse:
+        if self._draining:
+            raise Unavailable("the server is shutting down and takes no new requests")
         hops = request.parameters.pop(HOPS_PARAMETER, None)
         if isinstance(hops, int) and not isinstance(hops, bool):
             request.hops = max(request.hops, hops)
+        if self.pipelines is not None and request.model_name in self.pipelines:
+            return await self.pipelines.infer(request)
         if self.fleet is not None and request.hops < self.max_hops and _forwardable(request):
             return await self._infer_in_fleet(request)
         return await self._infer_here(request)

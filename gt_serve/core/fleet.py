@@ -50,6 +50,10 @@ class FleetRouter:
                 out.append(peer)
         return out
 
+    def targets_for(self, model: str) -> list[PeerTarget]:
+        """Live peers (not just failed) that serve `model`, as forwarding targets."""
+        return [PeerTarget(p.node, _grpc_endpoint(p)) for p in self.peers_for(model, self._clock())]
+
     def choose(self, model: str, batch_size: int, exclude: set[str] = frozenset()) -> PeerTarget | None:
         """None = serve here; else the peer to forward to. Raises Unavailable when nobody can."""
         now_s = self._clock()

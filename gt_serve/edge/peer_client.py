@@ -79,6 +79,31 @@ class PeerClient:
         return InferResponse(response.model_name, response.model_version, request.id, out,
                              {"gt_served_by": node})
 
+    async def describe(self, node: str, endpoint: str, model: str):
+        """A peer's metadata and config of `model` (for pipeline stages only peers serve)."""
+        from tritonclient.utils import InferenceServerException
+
+        from ..core.pipeline import StageInfo
+
+        headers = {"authorization": f"Bearer {self._token}"} if self._token else None
+        client = self._client(endpoint)
+        try:
+            meta = await client.get_model_metadata(model, headers=headers, client_timeout=self._timeout_s)
+            config = await client.get_model_config(model, headers=headers, client_timeout=self._timeout_s)
+        except InferenceServerException as exc:
+            raise PeerUnavailable(f"peer '{node}' ({endpoint}) cannot describe '{model}': {exc.message()}",
+                                  node) from None
+        except Exception as exc:  # connection reset, channel closed, ...
+            raise PeerUnavailable(f"peer '{node}' ({endpoint}) cannot describe '{model}': "
+                                  f"{type(exc).__name__}: {exc}", node) from None
+
+        def tensors(items) -> list[dict]:
+            return [{"name": t.name, "datatype": t.datatype, "shape": [int(d) for d in t.shape]} for t in items]
+
+        metadata = {"name": meta.name, "versions": list(meta.versions), "platform": meta.platform,
+                    "inputs": tensors(meta.inputs), "outputs": tensors(meta.outputs)}
+        return StageInfo(metadata, config.config)
+
     async def drop(self, endpoint: str) -> None:
         client = self._clients.pop(endpoint, None)
         if client is not None:
