@@ -36,10 +36,8 @@ def batching_from_config(cfg: mc.ModelConfig, knobs: Mapping[str, Any]) -> tuple
     preferred = tuple(int(p) for p in db.preferred_batch_size) if has_db else ()
     if "max_queue_delay_us" in knobs:
         delay_s = float(knobs["max_queue_delay_us"]) / 1e6
-    if not has_db and mbs > 0 and not knobs.get("dynamic_batching", True):
-        mbs_eff = 0
-    else:
-        mbs_eff = mbs
+    # like Triton, requests are merged only with a dynamic_batching block (or the YAML knob saying so)
+    mbs_eff = mbs if knobs.get("dynamic_batching", has_db) else 0
     qp = db.default_queue_policy
     policy = QueuePolicy(
         max_queue_size=int(knobs.get("max_queue_size", qp.max_queue_size)),
@@ -149,19 +147,26 @@ class LocalModelHost:
         now = _now_ns()
         entries = batch.entries
         if exc is not None:
-            error = Internal(f"model '{batcher.name}': inference failed on lane {lane.lane_id}: "
-                             f"{type(exc).__name__}: {exc}")
+            error = _run_failed(batcher.name, lane, exc)
             for e in entries:
                 if not e.future.done():
                     e.future.set_exception(error)
         else:
             per_request, (input_ns, infer_ns, output_ns) = result
-            stats.record_batch(batch.size, input_ns, infer_ns, output_ns, len(entries))
+            # requests re-run alone after a failed batch run (BatchJob._one_by_one) may hold an exception
+            failed = [isinstance(o, BaseException) for o in per_request]
+            ok_size = batch.size - sum(e.batch_size for e, f in zip(entries, failed) if f)
+            if ok_size:
+                stats.record_batch(ok_size, input_ns, infer_ns, output_ns, len(entries) - sum(failed))
             if self.batch_observer is not None:
                 per_sample_j = self.batch_observer(batcher.name, lane.device, batch.size, infer_ns / 1e9)
                 stats.energy_j += per_sample_j * batch.size
             for e, outputs in zip(entries, per_request):
-                if not e.future.done():
+                if e.future.done():
+                    continue
+                if isinstance(outputs, BaseException):
+                    e.future.set_exception(_run_failed(batcher.name, lane, outputs))
+                else:
                     e.future.set_result(outputs)
                     stats.record_success(now - e.arrival_ns, e.dispatch_ns - e.arrival_ns)
         if batcher.closed is not None and not batcher.pending and not batcher.in_flight:
@@ -171,3 +176,7 @@ class LocalModelHost:
             if batcher.close_when_idle is not None:
                 batcher.close_when_idle()
                 batcher.close_when_idle = None
+
+
+def _run_failed(model: str, lane, exc: BaseException) -> Internal:
+    return Internal(f"model '{model}': inference failed on lane {lane.lane_id}: {type(exc).__name__}: {exc}")

@@ -179,7 +179,7 @@ class ModelRegistry:
             base, explicit = mc.ModelConfig(), False
         filename = base.default_model_filename or "model.onnx"
         available = sorted((int(p.name) for p in model_dir.iterdir()
-                            if p.is_dir() and p.name.isdigit() and (p / filename).is_file()), reverse=True)
+                            if p.is_dir() and p.name.isascii() and p.name.isdigit() and (p / filename).is_file()), reverse=True)
         if not available:
             raise InvalidArgument(f"failed to load '{name}': no version directory with {filename} under '{model_dir}'")
         chosen = _apply_version_policy(base, available, name)

@@ -335,7 +335,7 @@ def _text(value: object, where: str, max_chars: int) -> str:
 def _endpoint(value: object, where: str) -> str:
     text = _text(value, where, MAX_TEXT_CHARS)
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise MessageError(f"{where} must be 'host:port'")
     return text
 

@@ -38,9 +38,15 @@ class BatchJob:
         t1 = _now_ns()
         try:
             outputs = self.runner.run(feeds, self.output_names)
+        except Exception:
+            if len(feeds_list) == 1:
+                raise
+            outputs = None  # one request spoilt the batch: find it below
         finally:
             for loan in loans:  # onnxruntime has copied or finished with the inputs
                 loan.release()
+        if outputs is None:
+            return self._one_by_one(t0, t1)
         t2 = _now_ns()
         if len(feeds_list) == 1:
             per_request = [outputs]
@@ -50,6 +56,16 @@ class BatchJob:
         t3 = _now_ns()
         return per_request, (t1 - t0, t2 - t1, t3 - t2)
 
+    def _one_by_one(self, t0: int, t1: int):
+        """The batch run failed: run each request alone, so that only the requests that fail get
+        an error. A failed request's slot in the result holds its exception instead of outputs."""
+        per_request: list = []
+        for feeds in self.feeds_list:
+            try:
+                per_request.append(self.runner.run(feeds, self.output_names))
+            except Exception as exc:  # noqa: BLE001 - handed to this request's future
+                per_request.append(exc)
+        return per_request, (t1 - t0, _now_ns() - t1, 0)
 
     def _pack(self, arrays: list, loans: list):
         """Pack into a pooled buffer (steady state allocates nothing); object arrays are packed plainly."""

@@ -40,7 +40,7 @@ def parse_header_length(value: str | None, body_bytes: int) -> int | None:
     if value is None:
         return None
     value = value.strip()
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise InvalidArgument(f"Inference-Header-Content-Length must be a non-negative integer, got '{value}'")
     n = int(value)
     if n > body_bytes:

@@ -155,7 +155,8 @@ class MetricsFrontEnd:
         if req.path in ("/", "/status"):
             return Response(200, STATUS_HTML, {"Content-Type": "text/html; charset=utf-8"})
         if req.path == "/status.json":
-            return Response(200, orjson.dumps(status_snapshot(self.app)), {"Content-Type": "application/json"})
+            body = orjson.dumps(status_snapshot(self.app), option=orjson.OPT_NON_STR_KEYS)  # e.g. pool size classes
+            return Response(200, body, {"Content-Type": "application/json"})
         return json_error(404, f"no route for {req.path}")
 
     async def close(self, drain_timeout_s: float) -> None:
