@@ -423,13 +423,14 @@ def test_grpc_stream_survives_malformed_requests(server, stub, reqs):
         good.inputs.add(name=name, datatype="INT32", shape=[1, 16])
         good.raw_input_contents.append(np.ones(16, np.int32).tobytes())
     call = stub.ModelStreamInfer(iter([*reqs, good]), timeout=TIMEOUT_S)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a hang becomes a failure, not a stuck run
-        reading = pool.submit(list, call)
-        try:
-            responses = reading.result(timeout=TIMEOUT_S + 10)
-        except concurrent.futures.TimeoutError:
-            call.cancel()
-            pytest.fail(f"stream did not finish within {TIMEOUT_S + 10} s; server log:\n{server.log()[-3000:]}")
+    pool = concurrent.futures.ThreadPoolExecutor(1)  # a hang becomes a failure, not a stuck run
+    try:
+        responses = pool.submit(list, call).result(timeout=TIMEOUT_S + 10)
+    except concurrent.futures.TimeoutError:
+        call.cancel()
+        pytest.fail(f"stream did not finish within {TIMEOUT_S + 10} s; server log:\n{server.log()[-3000:]}")
+    finally:
+        pool.shutdown(wait=False)
     assert len(responses) == len(reqs) + 1  # one answer per request, the stream stays open
     for r in responses:
         assert not r.error_message.startswith("internal error"), r.error_message

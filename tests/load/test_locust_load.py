@@ -12,6 +12,7 @@ the port flags are appended to it.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import shlex
@@ -27,7 +28,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("locust")
+# never import locust here: importing it monkey-patches the stdlib with gevent for the whole pytest
+# process (threads become greenlets, and every later test that blocks a thread hangs); it runs as a
+# subprocess instead
+if importlib.util.find_spec("locust") is None:
+    pytest.skip("locust is not installed (it is in the test extra)", allow_module_level=True)
 pytest.importorskip("tritonclient.grpc")
 pytest.importorskip("tritonclient.http")
 
