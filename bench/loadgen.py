@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import time
 
 import numpy as np
@@ -88,6 +89,7 @@ async def run_point(url: str, protocol: str, model: str, concurrency: int, durat
             proc = psutil.Process(server_pid)
             cpu0 = proc.cpu_times()
         measuring = True
+        own0 = resource.getrusage(resource.RUSAGE_SELF)
         t_start = time.perf_counter()
         stop_at = t_start + duration_s
         await asyncio.gather(*[worker() for _ in range(concurrency)])
@@ -101,6 +103,10 @@ async def run_point(url: str, protocol: str, model: str, concurrency: int, durat
             "p90_ms": round(_percentile(latencies, 90) * 1e3, 3),
             "p99_ms": round(_percentile(latencies, 99) * 1e3, 3),
         }
+        own1 = resource.getrusage(resource.RUSAGE_SELF)
+        if latencies:
+            own_s = (own1.ru_utime - own0.ru_utime) + (own1.ru_stime - own0.ru_stime)
+            result["client_cpu_ms_per_request"] = round(own_s * 1e3 / len(latencies), 4)
         if proc is not None and latencies:
             cpu1 = proc.cpu_times()
             cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)

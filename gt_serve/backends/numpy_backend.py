@@ -7,6 +7,8 @@ sum of the per-request row counts (length n + 1).
 """
 from __future__ import annotations
 
+import itertools
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -145,8 +147,9 @@ class NumpyBackend:
         (padding) are ignored. With `copy=False` the pieces are views of `batch`: copy them (or
         pass `copy=True`, which makes one copy of the used rows and returns views of it) before
         the batch buffer is reused for the next batch."""
-        offsets = check_counts(counts, batch.shape[0])
-        bounds = offsets.tolist()
+        bounds = [0, *itertools.accumulate(counts)]  # plain ints: this runs once per output per batch
+        if bounds[-1] > batch.shape[0] or (counts and min(counts) < 0):
+            check_counts(counts, batch.shape[0])  # raises the descriptive ValueError
         if copy:  # one copy per batch; the pieces are views of it, never of `batch`
             batch = batch[: bounds[-1]].copy()
         return [batch[bounds[i] : bounds[i + 1]] for i in range(len(counts))]
