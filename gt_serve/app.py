@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 from .config import Config
@@ -201,8 +202,6 @@ class App:
         t, c = self.cfg.telemetry, self.cfg.cluster
         if not t.enabled:
             return
-        import time as _time
-
         from .core.fleet import FleetRouter, local_row_factory, local_snapshot
         from .core.router import Router, RouterSet
         from .edge.peer_client import PeerClient
@@ -218,7 +217,7 @@ class App:
                 "models": sorted({m.name for m in self.registry.loaded()}),
                 "power_profile": {"name": self.power_profile.name, "idle_w": self.power_profile.idle_w,
                                   "busy_w": self.power_profile.busy_w}}
-        snapshot = lambda: local_snapshot(self.registry.loaded(), self.lanes, self.energy, _time.monotonic())  # noqa: E731
+        snapshot = lambda: local_snapshot(self.registry.loaded(), self.lanes, self.energy)  # noqa: E731
         self.telemetry = TelemetryAgent(broker, cluster=c.name, node=self.cfg.node_name, snapshot=snapshot,
                                         caps=caps, period_s=t.period_s)
         await self.telemetry.start()
@@ -240,9 +239,7 @@ class App:
                  t.broker_host, t.broker_port)
 
     def _peers_status(self) -> dict:
-        import time as _time
-
-        now = _time.monotonic()
+        now = time.monotonic()
         return {"peers": [{"node": p.node, "state": p.health.value, "age_s": p.age_s,
                            # from the peer's caps: empty until they arrive (the peer is not routable before)
                            "grpc": (getattr(p.caps, "endpoints", None) or {}).get("grpc", ""),

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import psutil
+
 from .node_view import NodeView, PeerInfo
 from .resource_tensor import build_tensor
 from .router import RequestDemand, Router
@@ -72,7 +74,8 @@ class FleetRouter:
             tensor = build_tensor(rows)
             decision = self.router.choose(tensor.snapshot(), RequestDemand(model, batch_size, 0.0, self._slo_s(model)), now_s)
             target = decision.candidate_id
-        self.decisions[target if target != LOCAL else self.node] = self.decisions.get(target if target != LOCAL else self.node, 0) + 1
+        served_by = self.node if target == LOCAL else target
+        self.decisions[served_by] = self.decisions.get(served_by, 0) + 1
         if target == LOCAL:
             return None
         peer = next(p for p in peers if p.node == target)
@@ -116,7 +119,7 @@ def _grpc_endpoint(peer: PeerInfo) -> str:
     return (getattr(caps, "endpoints", None) or {}).get("grpc", "") if caps is not None else ""
 
 
-def local_snapshot(app_models: list, lanes: list, energy: Any, now_s: float) -> dict:
+def local_snapshot(app_models: list, lanes: list, energy: Any) -> dict:
     """This node's telemetry body (wire field names) from its live objects."""
     queue = sum(getattr(m.executor, "pending", 0) for m in app_models)
     latency_ms, energy_j = {}, {}
@@ -132,7 +135,7 @@ def local_snapshot(app_models: list, lanes: list, energy: Any, now_s: float) -> 
     return {
         "queue_depth": int(queue),
         "lanes": [{"id": l.lane_id, "utilization": 1.0 if l.busy else 0.0, "queue": 0} for l in lanes],
-        "free_memory_bytes": 0,
+        "free_memory_bytes": int(psutil.virtual_memory().available),
         "latency_ms": latency_ms,
         "energy_j_per_inference": energy_j,
         "power_w": sum(energy.power_w().values()) if energy is not None else 0.0,
