@@ -23,21 +23,20 @@ import csv
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))  # an uninstalled checkout still finds gt_serve
+
+from gt_serve.launcher import launch  # noqa: E402
 LOCUSTFILE = REPO_ROOT / "tests" / "load" / "locustfile.py"
-POLL_INTERVAL_S = 0.05
 MIB = 1024 * 1024
 
 
@@ -58,39 +57,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-growth-mib", type=float, default=None, help="fail when RSS grows more after warm-up")
     parser.add_argument("--output", type=Path, default=None, help="also write the JSON report here")
     return parser.parse_args(argv)
-
-
-def _server_prefix(override: str | None) -> list[str]:
-    if override:
-        return shlex.split(override)
-    script = Path(sys.executable).with_name("gt-serve")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "gt_serve"]
-
-
-def _is_ready(http_port: int) -> bool:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _wait_for_ports(server: subprocess.Popen[bytes], port_file: Path, timeout_s: float) -> dict[str, int]:
-    deadline = time.monotonic() + timeout_s
-    ports: dict[str, int] | None = None
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"server exited with {server.returncode} during start-up")
-        if ports is None:
-            try:
-                ports = json.loads(port_file.read_text(encoding="utf-8"))
-            except (FileNotFoundError, json.JSONDecodeError):
-                ports = None
-        if ports and _is_ready(int(ports["http"])):
-            return ports
-        time.sleep(POLL_INTERVAL_S)
-    raise RuntimeError(f"server not ready within {timeout_s} s")
 
 
 def _rss_bytes(process: psutil.Process) -> int:
@@ -146,17 +112,6 @@ def _number(text: str | None) -> float | None:
         return None
 
 
-def _stop(server: subprocess.Popen[bytes]) -> int | None:
-    if server.poll() is None:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
-    return server.returncode
-
-
 def _run_locust(args: argparse.Namespace, ports: dict[str, int], csv_prefix: Path,
                 server: psutil.Process) -> tuple[int, list[tuple[float, int]]]:
     users = args.user_class or ["V2HttpUser", "V2GrpcUser"]
@@ -193,33 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     warmup_s = args.warmup_s if args.warmup_s is not None else min(60.0, args.duration_s * 0.1)
     with tempfile.TemporaryDirectory(prefix="gt-soak-") as workdir:
         work = Path(workdir)
-        port_file = work / "ports.json"
-        command = _server_prefix(args.server_cmd) + [
-            "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
-            "--port-file", str(port_file), *args.server_arg,
-        ]
-        # the source tree first, so an uninstalled checkout still finds gt_serve
-        python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-        with (work / "server.log").open("wb") as server_log:
-            server = subprocess.Popen(
-                command,
-                stdout=server_log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=work,
-                env=dict(os.environ, PYTHONPATH=python_path),
-            )
+        server = launch(list(args.server_arg), workdir=work, timeout_s=args.startup_timeout_s,
+                        command=shlex.split(args.server_cmd) if args.server_cmd else None)
+        command = server.args
         try:
-            ports = _wait_for_ports(server, port_file, args.startup_timeout_s)
+            ports = server.ports
             watched = psutil.Process(server.pid)
             rss_idle = _rss_bytes(watched)
             locust_rc, samples = _run_locust(args, ports, work / "locust", watched)
-            server_alive = server.poll() is None
+            server_alive = server.proc.poll() is None
         except Exception:
-            sys.stderr.write((work / "server.log").read_text(encoding="utf-8", errors="replace")[-4000:])
+            sys.stderr.write(server.log()[-4000:])
             raise
         finally:
-            server_rc = _stop(server)
+            server_rc = server.stop(timeout_s=30)
         locust_summary = _locust_summary(work / "locust")
         locust_log_tail = Path(f"{work / 'locust'}_locust.log").read_text(errors="replace")[-2000:]
 

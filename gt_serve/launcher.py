@@ -65,14 +65,15 @@ class ServerProcess:
 
 
 def launch(args: list[str], *, workdir: Path | None = None, env: dict | None = None, timeout_s: float = 90.0,
-           repo: Path | None = None, poll_s: float = 0.05) -> ServerProcess:
-    """Run `python -m gt_serve ARGS` bound to 127.0.0.1 on free ports; return once /v2/health/ready is 200."""
+           repo: Path | None = None, poll_s: float = 0.05, command: list[str] | None = None) -> ServerProcess:
+    """Run `python -m gt_serve ARGS` (or `command ARGS`, any server taking gt-serve's flags) bound to
+    127.0.0.1 on free ports; return once /v2/health/ready is 200."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="gt_serve_run_"))
     stamp = time.monotonic_ns()
     port_file = workdir / f"ports-{stamp}.json"
     log_path = workdir / f"server-{stamp}.log"
     defaults = {"--http-port": "0", "--grpc-port": "0", "--metrics-port": "0", "--host": "127.0.0.1"}
-    full = [sys.executable, "-m", "gt_serve"]
+    full = list(command) if command else [sys.executable, "-m", "gt_serve"]
     for flag, value in defaults.items():
         if flag not in args:
             full += [flag, value]
@@ -89,16 +90,18 @@ def launch(args: list[str], *, workdir: Path | None = None, env: dict | None = N
     while time.monotonic() < deadline and server is None:
         if proc.poll() is not None:
             raise RuntimeError(f"gt-serve exited with {proc.returncode}:\n{log_path.read_text()}")
-        if port_file.exists():
-            server = ServerProcess(proc, json.loads(port_file.read_text()), log_path, full, repo)
+        ports = _read_ports(port_file)
+        if ports:
+            server = ServerProcess(proc, ports, log_path, full, repo)
         else:
             time.sleep(poll_s)  # polling a child process's progress, re-checked each turn
     if server is None:
         proc.kill()
         raise RuntimeError(f"gt-serve wrote no port file within {timeout_s}s:\n{log_path.read_text()}")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=2) as r:
+            with opener.open(f"http://{server.http_url}/v2/health/ready", timeout=2) as r:
                 if r.status == 200:
                     return server
         except OSError:
@@ -108,3 +111,10 @@ def launch(args: list[str], *, workdir: Path | None = None, env: dict | None = N
         time.sleep(poll_s)
     server.stop(signal.SIGKILL)
     raise RuntimeError(f"gt-serve never became ready:\n{server.log()}")
+
+
+def _read_ports(port_file: Path) -> dict | None:
+    try:
+        return json.loads(port_file.read_text())
+    except (FileNotFoundError, ValueError):  # not there yet, or not completely written
+        return None

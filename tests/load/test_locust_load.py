@@ -13,20 +13,16 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from gt_serve.launcher import ServerProcess, launch
 
 # never import locust here: importing it monkey-patches the stdlib with gevent for the whole pytest
 # process (threads become greenlets, and every later test that blocks a thread hangs); it runs as a
@@ -39,104 +35,21 @@ pytest.importorskip("tritonclient.http")
 pytestmark = pytest.mark.load
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_DEADLINE_S = 90.0
-POLL_INTERVAL_S = 0.05
 RUN_TIME_S = 5
 USERS = 4  # split evenly between V2HttpUser and V2GrpcUser
 
 
-@dataclass(frozen=True)
-class RunningServer:
-    process: subprocess.Popen[bytes]
-    http_port: int
-    grpc_port: int
-    log_path: Path
-
-    def log_tail(self, limit_chars: int = 4000) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")[-limit_chars:]
-
-
-def _server_command(port_file: Path) -> list[str]:
-    override = os.environ.get("GT_LOAD_SERVER_CMD")
-    if override:
-        prefix = shlex.split(override)
-    else:
-        script = Path(sys.executable).with_name("gt-serve")
-        prefix = [str(script)] if script.is_file() else [sys.executable, "-m", "gt_serve"]
-    return prefix + [
-        "--http-port", "0",
-        "--grpc-port", "0",
-        "--metrics-port", "0",
-        "--port-file", str(port_file),
-    ]
-
-
-def _read_port_file(port_file: Path) -> dict[str, int] | None:
-    try:
-        ports = json.loads(port_file.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):  # absent, or not completely written yet
-        return None
-    if not all(isinstance(ports.get(key), int) and ports[key] > 0 for key in ("http", "grpc")):
-        return None
-    return ports
-
-
-def _is_ready(http_port: int) -> bool:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _wait_until_serving(process: subprocess.Popen[bytes], port_file: Path, log_path: Path) -> dict[str, int]:
-    deadline = time.monotonic() + STARTUP_DEADLINE_S
-    ports = None
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
-            pytest.fail(f"server exited with {process.returncode} during start-up:\n{tail}")
-        ports = ports or _read_port_file(port_file)
-        if ports and _is_ready(ports["http"]):
-            return ports
-        time.sleep(POLL_INTERVAL_S)
-    tail = log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
-    pytest.fail(f"server not ready within {STARTUP_DEADLINE_S} s (ports={ports}):\n{tail}")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
-
-
 @pytest.fixture
-def gt_server(tmp_path: Path) -> Iterator[RunningServer]:
-    port_file = tmp_path / "ports.json"
-    log_path = tmp_path / "server.log"
-    # the source tree first, so an uninstalled checkout still finds gt_serve
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            _server_command(port_file),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=tmp_path,
-            env=env,
-        )
+def gt_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """gt-serve on free ports (GT_LOAD_SERVER_CMD: another server command taking the same flags)."""
+    override = os.environ.get("GT_LOAD_SERVER_CMD")
+    server = launch([], workdir=tmp_path, timeout_s=STARTUP_DEADLINE_S,
+                    command=shlex.split(override) if override else None)
     try:
-        ports = _wait_until_serving(process, port_file, log_path)
-        yield RunningServer(process, ports["http"], ports["grpc"], log_path)
+        yield server
     finally:
-        _stop(process)
+        server.stop(timeout_s=20)
 
 
 def _read_stats(csv_prefix: Path) -> list[dict[str, str]]:
@@ -144,10 +57,10 @@ def _read_stats(csv_prefix: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def test_locust_http_and_grpc_without_failures(gt_server: RunningServer, tmp_path: Path) -> None:
+def test_locust_http_and_grpc_without_failures(gt_server: ServerProcess, tmp_path: Path) -> None:
     csv_prefix = tmp_path / "locust"
     env = dict(os.environ)
-    env.update(GT_MODEL="simple", GT_GRPC_URL=f"127.0.0.1:{gt_server.grpc_port}", GT_WAIT_S="0")
+    env.update(GT_MODEL="simple", GT_GRPC_URL=gt_server.grpc_url, GT_WAIT_S="0")
     command = [
         sys.executable, "-m", "locust",
         "-f", str(LOCUSTFILE),
@@ -156,7 +69,7 @@ def test_locust_http_and_grpc_without_failures(gt_server: RunningServer, tmp_pat
         "-r", str(USERS),
         "-t", f"{RUN_TIME_S}s",
         "--stop-timeout", "5",
-        "--host", f"http://127.0.0.1:{gt_server.http_port}",
+        "--host", f"http://{gt_server.http_url}",
         "--csv", str(csv_prefix),
         "--only-summary",
         "--loglevel", "WARNING",
@@ -167,7 +80,7 @@ def test_locust_http_and_grpc_without_failures(gt_server: RunningServer, tmp_pat
     )
     report = (
         f"locust output:\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}\n"
-        f"server log:\n{gt_server.log_tail()}"
+        f"server log:\n{gt_server.log()[-4000:]}"
     )
 
     rows = _read_stats(csv_prefix)
@@ -178,4 +91,4 @@ def test_locust_http_and_grpc_without_failures(gt_server: RunningServer, tmp_pat
     assert int(aggregated["Failure Count"]) == 0, report
     assert infer_counts.get("HTTP", 0) > 0 and infer_counts.get("gRPC", 0) > 0, (infer_counts, report)
     assert completed.returncode == 0, report
-    assert gt_server.process.poll() is None, "server died under load\n" + report
+    assert gt_server.proc.poll() is None, "server died under load\n" + report
