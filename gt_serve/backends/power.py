@@ -58,6 +58,10 @@ class NvmlMeter:
     def power_w(self) -> float:
         return self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1e3
 
+    def utilization(self) -> float:
+        """GPU busy share over the driver's last sample period, 0..1 (nvmlDeviceGetUtilizationRates)."""
+        return self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu / 100.0
+
     def close(self) -> None:
         self._nvml.nvmlShutdown()
 

@@ -26,6 +26,7 @@ def energy_metric_provider(energy: Any):
         power = GaugeMetricFamily("gt_node_power_watts", "Current power per meter", labels=["device", "meter"])
         nv_energy = CounterMetricFamily("nv_energy_consumption", "GPU energy consumption in joules since start", labels=["gpu_uuid"])
         nv_power = GaugeMetricFamily("nv_gpu_power_usage", "GPU power usage in watts", labels=["gpu_uuid"])
+        nv_util = GaugeMetricFamily("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", labels=["gpu_uuid"])
         has_gpu = False
         for device, meter in energy.unique_meters().items():
             e_j, p_w = meter.energy_j(), meter.power_w()
@@ -35,11 +36,14 @@ def energy_metric_provider(energy: Any):
                 has_gpu = True
                 nv_energy.add_metric([meter.name], e_j)
                 nv_power.add_metric([meter.name], p_w)
+                if hasattr(meter, "utilization"):
+                    nv_util.add_metric([meter.name], meter.utilization())
         yield node
         yield power
         if has_gpu:
             yield nv_energy
             yield nv_power
+            yield nv_util
 
     return collect
 

@@ -90,6 +90,7 @@ def fake_nvml(energy_mj: list[int], power_mw: int = 250_000, count: int = 1, sup
         nvmlInit=init, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: count,
         nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetTotalEnergyConsumption=energy,
         nvmlDeviceGetPowerUsage=lambda h: power_mw, calls=calls,
+        nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=37, memory=5),
     )
 
 
@@ -101,6 +102,7 @@ def test_nvml_meter_converts_units_and_starts_at_zero() -> None:
     counters[0] += 1_500
     assert meter.energy_j() == pytest.approx(1.5)
     assert meter.power_w() == pytest.approx(312.5)
+    assert meter.utilization() == pytest.approx(0.37)
     assert isinstance(meter, PowerMeter)
 
 
