@@ -26,7 +26,6 @@ Contract (stable; the protocol modules code against it):
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 
@@ -34,7 +33,6 @@ from .. import __version__
 from ..datatypes import array_from_raw, element_count, raw_from_array
 from ..errors import GtServeError, InvalidArgument, ModelNotFound, PeerUnavailable, Unavailable, Unsupported
 from ..types import InferRequest, InferResponse, RequestedOutput, Tensor
-from .model_config import model_config_json  # noqa: F401  (re-exported for the front ends)
 from .registry import READY, LoadedModel, ModelRegistry, decode_load_files
 from .shared_memory import CudaSharedMemory, SystemSharedMemory
 

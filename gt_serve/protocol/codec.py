@@ -5,7 +5,10 @@ them too, for shared memory); they are re-exported here for the front ends.
 """
 from __future__ import annotations
 
-from ..datatypes import (  # noqa: F401  (re-exported)
+__all__ = ["DATATYPES", "array_from_list", "array_from_raw", "check_shape", "deserialize_bytes", "element_count",
+           "list_from_array", "numpy_dtype", "raw_from_array", "serialize_bytes", "v2_datatype"]
+
+from ..datatypes import (  # noqa: E402  (re-exported)
     DATATYPES,
     array_from_list,
     array_from_raw,
@@ -18,5 +21,3 @@ from ..datatypes import (  # noqa: F401  (re-exported)
     serialize_bytes,
     v2_datatype,
 )
-
-# Front-end wire-format helpers (JSON / binary-extension specifics) go below.
