@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gt-serve: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a port in use, an address that is not ours, ...
+        print(f"gt-serve: cannot start: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
