@@ -161,8 +161,12 @@ class Batcher:
         self.in_flight += 1
         return Batch(self, entries, size)
 
-    def has_pending(self) -> bool:
-        return self.pending > 0
+    def purge_done(self) -> None:
+        """Drop entries whose futures are already done (timed out, cancelled) and recount."""
+        for i, q in enumerate(self._queues):
+            if any(e.future.done() for e in q):
+                self._queues[i] = deque(e for e in q if not e.future.done())
+        self.pending = sum(len(q) for q in self._queues)
 
     def fail_all(self, exc: BaseException) -> int:
         n = 0

@@ -124,6 +124,7 @@ class LocalModelHost:
         if batcher is None:
             return
         batcher.closed = f"model '{model.name}' version {model.version} is unloading"
+        batcher.purge_done()  # requests that already timed out or went away need no draining
         if batcher.pending or batcher.in_flight:
             event = self._drained[id(batcher)] = asyncio.Event()
             try:

@@ -188,3 +188,23 @@ def test_two_lanes_run_two_batches_at_once():
         for lane in lanes:
             lane.stop()
     run(main())
+
+
+def test_requests_that_went_away_are_purged_not_run():
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes, sched = setup(loop)
+        gate = Gate()
+        b = make_batcher(sched, lanes, gate, "m", mbs=1)
+        running = submit(b, 0)
+        await wait_started(gate)
+        gone, kept = submit(b, 1), submit(b, 2)
+        gone.cancel()  # the client went away
+        b.purge_done()
+        assert b.pending == 1
+        gate.release(2)
+        assert await asyncio.wait_for(asyncio.gather(running, kept), 10) == [[0], [2]]
+        assert [tags for _, tags in gate.ran] == [[0], [2]]
+        for lane in lanes:
+            lane.stop()
+    run(main())
