@@ -123,6 +123,7 @@ class App:
                 self.dataplane.set_pipelines(dict(cfg.pipelines), node=cfg.node_name)
             except (GtServeError, ValueError) as exc:
                 raise SystemExit(f"gt-serve: {exc}") from None
+        self.dataplane.energy_totals = self.energy.totals
         await self._load_initial_models()
         await self._start_front_ends()
         await self._start_cluster()

@@ -64,6 +64,7 @@ class DataPlane:
         self.pipelines = None
         self.describe_peer = None  # async (target, model) -> pipeline.StageInfo, for stages only peers serve
         self._stage_infos: dict = {}
+        self.energy_totals = None  # optional () -> {"models", "devices", "total"} (NodeEnergy.totals)
         self._ready = False
         self._draining = False
 
@@ -313,7 +314,10 @@ class DataPlane:
             models = [m for m in self.registry.loaded() if m.name == name and (not version or m.version == version)]
             if version and not models:
                 raise ModelNotFound(f"Request for unknown model: '{name}' version {version} is not found")
-        return {"model_stats": [m.stats.as_dict() for m in sorted(models, key=lambda m: (m.name, int(m.version)))]}
+        out = {"model_stats": [m.stats.as_dict() for m in sorted(models, key=lambda m: (m.name, int(m.version)))]}
+        if self.energy_totals is not None:  # gt_serve extension: J/inference per model and device, totals
+            out["energy"] = self.energy_totals()
+        return out
 
     # -- repository -----------------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict]:

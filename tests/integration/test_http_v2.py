@@ -280,6 +280,10 @@ def test_statistics_after_infers(client):
     assert after["inference_count"] - before["inference_count"] == 3
     assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == 3
     assert isinstance(after["inference_stats"]["success"]["ns"], int)
+    assert after["energy"]["dynamic_j"] > before["energy"]["dynamic_j"]  # gt_serve extension
+    energy = stats["energy"]  # attributed J/inference per model and device, and totals
+    assert energy["models"]["nobatch"]["inferences"] >= 3 and energy["models"]["nobatch"]["j_per_inference"] > 0
+    assert "cpu" in energy["devices"] and energy["total"]["energy_j"] >= energy["total"]["dynamic_j"] > 0
     all_stats = client.get_inference_statistics()
     assert {"simple", "nobatch"} <= {m["name"] for m in all_stats["model_stats"]}
     with pytest.raises(InferenceServerException, match="unknown model"):
