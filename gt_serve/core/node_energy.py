@@ -20,7 +20,10 @@ class NodeEnergy:
         self.meters = dict(meters)  # device -> PowerMeter (one meter may serve several devices)
         self.accounting = EnergyAccounting()
         self._clock = clock
-        self._last_meter_j = {d: m.energy_j() for d, m in self.unique_meters().items()}
+        unique = self.unique_meters()
+        self._last_meter_j = {d: m.energy_j() for d, m in unique.items()}
+        # device -> the device key its meter is listed under (several devices may share one meter)
+        self._meter_key = {d: next(k for k, um in unique.items() if um is m) for d, m in self.meters.items()}
         self._dynamic_since_j: dict[str, float] = {}
 
     def unique_meters(self) -> dict[str, Any]:
@@ -44,16 +47,9 @@ class NodeEnergy:
         meter = self.meters.get(device)
         if meter is not None and hasattr(meter, "add_dynamic_j"):
             meter.add_dynamic_j(dynamic_j, latency_s)
-        key = self._meter_device(device)
+        key = self._meter_key.get(device, device)
         self._dynamic_since_j[key] = self._dynamic_since_j.get(key, 0.0) + dynamic_j
         return charged.per_request_j
-
-    def _meter_device(self, device: str) -> str:
-        meter = self.meters.get(device)
-        for key, m in self.unique_meters().items():
-            if m is meter:
-                return key
-        return device
 
     def refresh(self) -> None:
         """Fold what the meters read since the last refresh, less the attributed dynamic energy,
