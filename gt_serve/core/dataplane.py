@@ -37,6 +37,7 @@ from .registry import READY, LoadedModel, ModelRegistry, decode_load_files
 from .shared_memory import CudaSharedMemory, SystemSharedMemory
 
 HOPS_PARAMETER = "gt_hops"  # how many nodes a forwarded request has passed through
+_NOT_ECHOED = frozenset({"binary_data_output", "headers", HOPS_PARAMETER})  # transport directives
 
 EXTENSIONS = ["classification", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
               "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data",
@@ -193,7 +194,8 @@ class DataPlane:
         except GtServeError:
             model.stats.record_failure(_now_ns() - start_ns)
             raise
-        return InferResponse(model.name, model.version, request.id, response_outputs)
+        echo = {k: v for k, v in request.parameters.items() if k not in _NOT_ECHOED} if request.parameters else {}
+        return InferResponse(model.name, model.version, request.id, response_outputs, echo)
 
     def _check_inputs(self, model: LoadedModel, request: InferRequest) -> tuple[dict, int, tuple]:
         spec = model.spec

@@ -150,6 +150,9 @@ def test_infer_with_parameters_priority_and_timeout(client):
         client_timeout=30.0,
     )
     assert_simple(result, a, b)
+    params = result.get_response().parameters  # custom parameters are echoed; priority/timeout consumed
+    assert params["custom_key"].string_param == "x" and params["n"].int64_param == 3
+    assert "priority" not in params and "timeout" not in params
 
 
 def test_output_subset_in_request_order(client):

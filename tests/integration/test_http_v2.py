@@ -223,8 +223,11 @@ def test_classification(client):
 def test_request_parameters_priority_timeout(client):
     a = np.ones((1, 16), np.int32)
     res = client.infer("simple", simple_inputs(a, a), priority=1, timeout=10_000_000,
-                       parameters={"my_custom_key": "x", "n": 3})
+                       parameters={"my_custom_key": "x", "n": 3}, request_id="req-7")
     np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), a * 2)
+    response = res.get_response()
+    assert response["id"] == "req-7"
+    assert response["parameters"] == {"my_custom_key": "x", "n": 3}  # echoed; priority/timeout are consumed
 
 
 @pytest.mark.parametrize("req_alg,resp_alg", [("gzip", "gzip"), ("deflate", "deflate"), ("gzip", None),
