@@ -236,6 +236,9 @@ class App:
                                                                                       model)
         self.dataplane.max_hops = c.max_hops
         self.status_providers.append(self._peers_status)
+        from .protocol.resource_metrics import fleet_metric_provider
+
+        self.metric_providers.append(fleet_metric_provider(self.fleet, self.telemetry.view, time.monotonic))
         log.info("cluster '%s': node '%s' publishing to mqtt://%s:%d", c.name, self.cfg.node_name,
                  t.broker_host, t.broker_port)
 

@@ -73,3 +73,23 @@ def pool_metric_provider(pool: Any):
             yield fam
 
     return collect
+
+
+def fleet_metric_provider(fleet: Any, view: Any, clock: Any):
+    """Router decisions (where requests were served) and peers by health, for the edge cluster."""
+
+    def collect():
+        decisions = CounterMetricFamily("gt_router_decisions", "Routing decisions by the node that served",
+                                        labels=["target"])
+        for target, count in sorted(fleet.decisions.items()):
+            decisions.add_metric([target], count)
+        yield decisions
+        peers = GaugeMetricFamily("gt_peers", "Peer nodes by health", labels=["state"])
+        counts: dict[str, int] = {}
+        for peer in view.peers(clock()):
+            counts[peer.health.value] = counts.get(peer.health.value, 0) + 1
+        for state in ("live", "suspect", "draining", "offline", "dead"):
+            peers.add_metric([state], counts.get(state, 0))
+        yield peers
+
+    return collect

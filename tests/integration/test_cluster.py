@@ -11,8 +11,10 @@ import json
 import signal
 import threading
 import time
+import urllib.request
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -98,6 +100,14 @@ def test_model_on_one_node_is_served_through_the_others(shared):
     finally:
         client.close()
     assert status(a)["routes"].get("c", 0) >= 1
+    # the same, as Prometheus metrics
+    with urllib.request.urlopen(f"http://{a.metrics_url}/metrics", timeout=5) as r:
+        families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+    routed = {s.labels["target"]: s.value for s in families["gt_router_decisions"].samples
+              if s.name == "gt_router_decisions_total"}
+    assert routed.get("c", 0) >= 1
+    peers = {s.labels["state"]: s.value for s in families["gt_peers"].samples}
+    assert peers["live"] == 2
 
 
 def _http_input(x: np.ndarray):
