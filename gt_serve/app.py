@@ -16,8 +16,10 @@ from .core.dataplane import DataPlane
 from .core.model_host import LocalModelHost
 from .core.registry import ModelRegistry
 from .core.stream_scheduler import StreamScheduler
+from .errors import GtServeError
 from .execution.batch_job import SimpleArrayBackend, make_job_factory
 from .execution.lanes import Lane, plan_cpu_lanes
+from .execution.memory_pool import HostBufferPool
 
 log = logging.getLogger("gt_serve")
 
@@ -103,8 +105,6 @@ class App:
         loop = asyncio.get_running_loop()
         self._build_lanes(loop)
         self.scheduler = StreamScheduler(loop, self.lanes)
-        from .execution.memory_pool import HostBufferPool
-
         backend = _array_backend()
         self.host_pool = HostBufferPool(backend.alloc_host) if hasattr(backend, "alloc_host") else None
         host = LocalModelHost(loop, self.scheduler, self.lanes, self._runner_factory,
@@ -117,8 +117,6 @@ class App:
         self.dataplane = DataPlane(self.registry, server_name=s.server_name, model_control_mode=s.model_control_mode,
                                    default_timeout_s=s.request_timeout_s, max_batch_size=s.max_batch_size)
         if cfg.pipelines:
-            from .errors import GtServeError
-
             try:
                 self.dataplane.set_pipelines(dict(cfg.pipelines), node=cfg.node_name)
             except (GtServeError, ValueError) as exc:
