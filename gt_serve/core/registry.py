@@ -37,6 +37,7 @@ class LoadedModel:
     spec: ModelSpec
     stats: ModelStats
     executor: Any = None  # set by the ModelHost: has `async submit(...)` and `async close(...)`
+    providers: list = field(default_factory=list)  # execution providers its sessions really got
     state: str = LOADING
     reason: str = ""
 
