@@ -272,9 +272,10 @@ class TelemetryAgent:
         # ``over`` is checked after each aiomqtt call: on Python 3.11 its internal
         # asyncio.wait_for can swallow a cancellation that races with an acknowledgement.
         await client.subscribe(self._subscription, qos=1)
-        await client.publish(self._topics["status"], self._status(self._state),
-                             qos=1, retain=True)
+        # caps before status: a peer that sees this node 'ready' already knows its endpoints
         await client.publish(self._topics["caps"], messages.encode(self._caps),
+                             qos=1, retain=True)
+        await client.publish(self._topics["status"], self._status(self._state),
                              qos=1, retain=True)
         if over.set:
             return
