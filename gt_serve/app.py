@@ -331,7 +331,21 @@ def _array_backend():
         return SimpleArrayBackend()
 
 
+def _raise_open_file_limit(wanted: int) -> None:
+    """Every connection is a file descriptor: lift the soft limit towards the hard one if needed."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):  # not on this platform, or not allowed: keep going
+        pass
+
+
 def run(cfg: Config) -> None:
+    _raise_open_file_limit(cfg.server.max_connections + 256)  # + models, lanes, logs, the broker
     app = App(cfg)
     runner = asyncio.Runner(loop_factory=_loop_factory(os.environ.get("GT_EVENT_LOOP", "")))
     with runner:
