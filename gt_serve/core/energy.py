@@ -114,7 +114,8 @@ class DeviceProfile:
         return self.idle_w * self.wake_s + (self.idle_w - self.parked_w) * hold_s
 
     def dynamic_power_w(self, model: str, batch: int) -> float:
-        """Power above idle while running a batch of `model` (its power table, else "*", else busy_w)."""
+        """Power above idle while running a batch of `model` (its power table, else "*", else busy_w;
+        flat outside the table)."""
         power = self.power_w.get(model) or self.power_w.get(DEFAULT_MODEL_KEY) or {}
         p_w = _interp_table(power, batch) if power else self.busy_w
         return max(p_w - self.idle_w, 0.0)
@@ -122,12 +123,7 @@ class DeviceProfile:
     def curve(self, model: str) -> Curve:
         """A fresh curve for `model` (its own table, else the "*" default, else a fallback)."""
         lat = self.latency_ms.get(model) or self.latency_ms.get(DEFAULT_MODEL_KEY) or FALLBACK_LATENCY_MS
-        power = self.power_w.get(model) or self.power_w.get(DEFAULT_MODEL_KEY) or {}
-        points = {}
-        for b, ms in lat.items():
-            p_w = _interp_table(power, b) if power else self.busy_w  # flat outside the table
-            points[b] = (ms / 1e3, max(p_w - self.idle_w, 0.0) * ms / 1e3)
-        return Curve(points)
+        return Curve({b: (ms / 1e3, self.dynamic_power_w(model, b) * ms / 1e3) for b, ms in lat.items()})
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], name: str = "") -> "DeviceProfile":
