@@ -6,7 +6,7 @@
 # If $OUT is set (device runner), each step's output is also saved there.
 set -u
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python}
+PY=${PYTHON:-$(command -v python3 || command -v python)}
 LOG_DIR=${OUT:-}
 SUMMARY=()
 FAILED=0
@@ -59,7 +59,9 @@ print('device 0:', props['name'], 'cc', props['major'], props['minor'],
       'mem_bytes', props['totalGlobalMem'])
 "
 
-step gpu-tests 150 "${PY}" -m pytest -m gpu tests/gpu -q -p no:cacheprovider
+step nvcc-compile 90 "${PY}" -m pytest tests/unit/test_kernels_compile.py -q -p no:cacheprovider -rs
+
+step gpu-tests 150 "${PY}" -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rs
 
 step bench-kernels 60 "${PY}" bench/bench_kernels.py --iterations 50
 

@@ -51,6 +51,8 @@ class App:
         self.ports: dict[str, int] = {}
         self._demo_dir: Path | None = None
         self.host_pool = None
+        self.lane_backends: dict = {}  # GPU lane id -> CupyBackend on the lane's stream
+        self.device_pools: dict = {}  # "gpu:N" -> cupy MemoryPool shared by that GPU's lanes
         self.energy = None
         self.metric_providers: list = []
         self.telemetry = None
@@ -69,9 +71,19 @@ class App:
         for gpu in gpus:
             import cupy
 
+            from .backends.cupy_backend import CupyBackend
+
             with cupy.cuda.Device(gpu):
+                # one buffer pool per device, shared by its lanes, capped by lanes.gpu_memory_limit_bytes
+                device_pool = cupy.cuda.MemoryPool()
+                if lc.gpu_memory_limit_bytes:
+                    device_pool.set_limit(size=lc.gpu_memory_limit_bytes)
+                self.device_pools[f"gpu:{gpu}"] = device_pool
                 for s in range(max(1, lc.gpu_streams_per_device)):
-                    self.lanes.append(Lane(f"gpu{gpu}.{s}", f"gpu:{gpu}", loop, stream=cupy.cuda.Stream(non_blocking=True)))
+                    lane = Lane(f"gpu{gpu}.{s}", f"gpu:{gpu}", loop, stream=cupy.cuda.Stream(non_blocking=True))
+                    self.lanes.append(lane)
+                    self.lane_backends[lane.lane_id] = CupyBackend(stream=lane.stream, device_id=gpu,
+                                                                   memory_pool=device_pool)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         n_cpu, self._intra_op = plan_cpu_lanes(cores, lc.cpu_lanes if not gpus else max(1, lc.cpu_lanes or 1),
                                                lc.intra_op_threads)
@@ -106,9 +118,12 @@ class App:
         self._build_lanes(loop)
         self.scheduler = StreamScheduler(loop, self.lanes)
         backend = _array_backend()
-        self.host_pool = HostBufferPool(backend.alloc_host) if hasattr(backend, "alloc_host") else None
+        # host staging buffers: page-locked where a GPU lane copies from them
+        staging = next(iter(self.lane_backends.values()), backend)
+        self.host_pool = HostBufferPool(staging.alloc_host) if hasattr(staging, "alloc_host") else None
         host = LocalModelHost(loop, self.scheduler, self.lanes, self._runner_factory,
-                              make_job_factory(backend, self.host_pool), cfg.models)
+                              make_job_factory(backend, self.host_pool, self.lane_backends, cfg.lanes.io_binding),
+                              cfg.models)
         self._build_energy(host)
         repo = self._repository()
         if not repo.is_dir():
@@ -134,7 +149,8 @@ class App:
         from .backends.power import StaticProfileMeter, detect_meters
         from .core.energy import EnergyModel
         from .core.node_energy import NodeEnergy
-        from .protocol.resource_metrics import energy_metric_provider, energy_status_provider, pool_metric_provider
+        from .protocol.resource_metrics import (device_pool_metric_provider, device_pool_statistics,
+                                               energy_metric_provider, energy_status_provider, pool_metric_provider)
 
         model = EnergyModel()
         devices = sorted({lane.device for lane in self.lanes})
@@ -156,6 +172,9 @@ class App:
         if self.host_pool is not None:
             self.metric_providers.append(pool_metric_provider(self.host_pool))
             self.status_providers.append(lambda: {"host_pool": self.host_pool.statistics()})
+        if self.device_pools:
+            self.metric_providers.append(device_pool_metric_provider(self.device_pools))
+            self.status_providers.append(lambda: {"device_pools": device_pool_statistics(self.device_pools)})
         self.metric_providers.append(energy_metric_provider(self.energy))
         self.status_providers.append(energy_status_provider(self.energy))
         log.info("energy: profile %s, meters %s", self.power_profile.name,

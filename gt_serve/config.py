@@ -13,6 +13,7 @@ from .errors import ConfigError
 
 MODEL_CONTROL_MODES = ("none", "explicit", "poll")
 ROUTER_POLICIES = ("balanced", "latency", "energy", "round_robin", "least_loaded", "cosine")
+IO_BINDING_MODES = ("auto", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class LanesConfig:
     intra_op_threads: int = 0  # per lane; 0 = cores / lanes
     gpu_streams_per_device: int = 2
     gpus: tuple[int, ...] = ()  # empty = every visible GPU
+    # onnxruntime IO binding to pooled device buffers: "auto" = on GPU lanes, "always" = CPU lanes too, "never"
+    io_binding: str = "auto"
+    gpu_memory_limit_bytes: int = 0  # cap of each GPU's buffer pool (CuPy MemoryPool); 0 = no cap
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,11 @@ def validate(cfg: Config) -> None:
     for model, policy in cfg.router.model_policies.items():
         if policy not in ROUTER_POLICIES:
             raise ConfigError(f"config key 'router.model_policies.{model}' must be one of {ROUTER_POLICIES}, got {policy!r}")
+    if cfg.lanes.io_binding not in IO_BINDING_MODES:
+        raise ConfigError(f"config key 'lanes.io_binding' must be one of {IO_BINDING_MODES}, got {cfg.lanes.io_binding!r}")
+    if cfg.lanes.gpu_memory_limit_bytes < 0:
+        raise ConfigError("config key 'lanes.gpu_memory_limit_bytes' must be 0 (no cap) or a positive byte count, "
+                          f"got {cfg.lanes.gpu_memory_limit_bytes!r}")
     if cfg.telemetry.period_s <= 0:
         raise ConfigError(f"config key 'telemetry.period_s' must be positive, got {cfg.telemetry.period_s!r}")
     if not isinstance(cfg.models, Mapping) or any(not isinstance(v, Mapping) for v in cfg.models.values()):

@@ -65,7 +65,10 @@ class CupyBackend:
         memory_limit_bytes: int | None = None,
         kernels_dir: Path | None = None,
         block_threads: int = 256,
+        memory_pool: Any | None = None,
     ) -> None:
+        """`memory_pool`: a `cupy.cuda.MemoryPool` shared with the device's other lanes (then
+        `memory_limit_bytes`, if given, is applied to it); by default a private one."""
         cp = importlib.import_module("cupy")
         self._cp = cp
         self._device = cp.cuda.Device(device_id) if device_id is not None else cp.cuda.Device()
@@ -73,7 +76,7 @@ class CupyBackend:
         self._host = NumpyBackend()
         with self._device:
             self._stream = stream if stream is not None else cp.cuda.Stream(non_blocking=True)
-            self._pool = cp.cuda.MemoryPool()
+            self._pool = memory_pool if memory_pool is not None else cp.cuda.MemoryPool()
             if memory_limit_bytes is not None:
                 self._pool.set_limit(size=memory_limit_bytes)
             module = cp.RawModule(

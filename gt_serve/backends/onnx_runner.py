@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +19,13 @@ ORT_TO_V2 = {
     "tensor(int8)": "INT8", "tensor(int16)": "INT16", "tensor(int32)": "INT32", "tensor(int64)": "INT64",
     "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16", "tensor(uint32)": "UINT32", "tensor(uint64)": "UINT64",
     "tensor(bool)": "BOOL", "tensor(string)": "BYTES", "tensor(bfloat16)": "BF16",
+}
+# element types IO binding can place in raw buffers (strings and bfloat16 have no plain numpy twin)
+ORT_TO_NUMPY = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int8)": np.int8, "tensor(int16)": np.int16, "tensor(int32)": np.int32, "tensor(int64)": np.int64,
+    "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16, "tensor(uint32)": np.uint32,
+    "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_,
 }
 
 
@@ -76,6 +84,22 @@ class OnnxRunner:
         self.output_names = [o.name for o in self.outputs]
         self._string_inputs = [i.name for i in self.inputs if i.datatype == "BYTES"]
         self._run = self.session.run
+        self.device_id = device_id
+        self._binding = threading.local()
+        ins, outs = self.session.get_inputs(), self.session.get_outputs()
+        self.bindable = all(t.type in ORT_TO_NUMPY for t in (*ins, *outs))
+        # dim 0 that is symbolic in every input is the batch; an output whose dim 0 carries the same
+        # symbol (or is unnamed where the inputs' are) is sized from the batch before the run
+        batch_symbols = {i.shape[0] for i in ins if i.shape and not isinstance(i.shape[0], int)}
+        # output name -> (numpy dtype, trailing dims, dim 0 follows the batch) when a buffer can be
+        # allocated before the run: dim 0 is the inputs' batch symbol and the others are fixed
+        self._preallocatable = {}
+        for o in outs:
+            shape = list(o.shape or ())
+            if (o.type in ORT_TO_NUMPY and shape and ins and shape[0] in batch_symbols and len(batch_symbols) == 1
+                    and all(i.shape and i.shape[0] in batch_symbols for i in ins)
+                    and all(isinstance(d, int) and d >= 0 for d in shape[1:])):
+                self._preallocatable[o.name] = (np.dtype(ORT_TO_NUMPY[o.type]), tuple(shape[1:]))
 
     @property
     def on_gpu(self) -> bool:
@@ -89,9 +113,76 @@ class OnnxRunner:
                     feeds[name] = _as_str_array(feeds[name])
         return self._run(output_names or self.output_names, feeds)
 
+    def run_bound(self, inputs: dict, output_names: list[str] | None, empty) -> list:
+        """Run with onnxruntime IO binding: inputs are arrays already where the session computes
+        (CuPy arrays on a CUDA session, NumPy arrays on a CPU one), bound by pointer, no copy;
+        outputs whose shape is known from the batch are written into buffers from
+        `empty(shape, dtype)` (the lane's pool), the others are allocated by onnxruntime and
+        returned as host arrays. Requires `bindable` (no string or bfloat16 tensors)."""
+        names = output_names or self.output_names
+        try:
+            return self._bind_and_run(inputs, names, empty, preallocate=True)
+        except Exception:
+            if not any(name in self._preallocatable for name in names):
+                raise
+        # perhaps the graph did not keep dim 0 as the batch after all: let onnxruntime size the
+        # outputs; if that works, from now on; if the run still fails, the error is the request's
+        results = self._bind_and_run(inputs, names, empty, preallocate=False)
+        for name in names:
+            self._preallocatable.pop(name, None)
+        return results
+
+    def _bind_and_run(self, inputs: dict, names: list[str], empty, preallocate: bool) -> list:
+        io = getattr(self._binding, "io", None)
+        if io is None:  # one binding per thread: CPU lanes share a session
+            io = self._binding.io = self.session.io_binding()
+        io.clear_binding_inputs()
+        io.clear_binding_outputs()
+        device = "cuda" if self.on_gpu else "cpu"
+        device_id = self.device_id if self.on_gpu else 0
+        rows = None
+        for name, array in inputs.items():
+            if rows is None and array.ndim:
+                rows = array.shape[0]
+            io.bind_input(name, device, device_id, array.dtype, list(array.shape), buffer_pointer(array))
+        results: list = []
+        for name in names:
+            known = self._preallocatable.get(name) if preallocate and rows is not None else None
+            if known is None:
+                io.bind_output(name, device, device_id)
+                results.append(None)
+                continue
+            dtype, trailing = known
+            buffer = empty((rows, *trailing), dtype)
+            io.bind_output(name, device, device_id, dtype, [rows, *trailing], buffer_pointer(buffer))
+            results.append(buffer)
+        try:
+            self.session.run_with_iobinding(io)
+            if any(r is None for r in results):
+                values = io.get_outputs()
+                results = [values[i].numpy() if r is None else r for i, r in enumerate(results)]
+        finally:  # the pooled input buffers go back to their pools after this call
+            io.clear_binding_inputs()
+            io.clear_binding_outputs()
+        return results
+
     def close(self) -> None:
         self.session = None
         self._run = None
+        self._binding = threading.local()
+
+
+def buffer_pointer(array) -> int:
+    """Address of an array's first element: CuPy (CUDA array interface) or NumPy; must be C-contiguous."""
+    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
+    if interface.get("strides") is not None and not _c_contiguous(array):
+        raise ValueError("IO binding needs C-contiguous buffers")
+    return int(interface["data"][0])
+
+
+def _c_contiguous(array) -> bool:
+    flags = getattr(array, "flags", None)
+    return bool(flags is not None and flags.c_contiguous)
 
 
 def _as_str_array(array: np.ndarray) -> np.ndarray:

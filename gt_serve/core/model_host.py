@@ -23,8 +23,8 @@ _now_ns = time.monotonic_ns
 
 # runner_factory(model_path, device, lane) -> runner with .run(feeds, output_names) and .close()
 RunnerFactory = Callable[[str, str, Any], Any]
-# job_factory(runner, batch, spec) -> zero-argument callable run in the lane thread
-JobFactory = Callable[[Any, Batch, Any], Callable[[], Any]]
+# job_factory(runner, batch, spec, lane) -> zero-argument callable run in the lane thread
+JobFactory = Callable[[Any, Batch, Any, Any], Callable[[], Any]]
 
 
 def batching_from_config(cfg: mc.ModelConfig, knobs: Mapping[str, Any]) -> tuple[BatchConfig, QueuePolicy, int, int]:
@@ -107,7 +107,9 @@ class LocalModelHost:
         batcher.model = model
         spec = model.spec
         job = self._job_factory
-        batcher.runner_for_lane = {lane_id: (lambda batch, r=r: job(r, batch, spec)) for lane_id, r in per_lane.items()}
+        by_id = {lane.lane_id: lane for lane in lanes}
+        batcher.runner_for_lane = {lane_id: (lambda batch, r=r, lane=by_id[lane_id]: job(r, batch, spec, lane))
+                                   for lane_id, r in per_lane.items()}
         model.executor = batcher
         model.providers = sorted({getattr(r, "provider", "?") for r in runners.values()})
         self._runners[id(model)] = list(runners.values())

@@ -75,6 +75,28 @@ def pool_metric_provider(pool: Any):
     return collect
 
 
+def device_pool_statistics(pools: dict) -> dict:
+    """Per device: bytes the CuPy MemoryPool holds for live buffers, holds in all (cached
+    included), its cap (0 = none), and its free blocks."""
+    return {device: {"used_bytes": int(pool.used_bytes()), "total_bytes": int(pool.total_bytes()),
+                     "limit_bytes": int(pool.get_limit()), "free_blocks": int(pool.n_free_blocks())}
+            for device, pool in sorted(pools.items())}
+
+
+def device_pool_metric_provider(pools: dict):
+    def collect():
+        stats = device_pool_statistics(pools)
+        for key, doc in (("used_bytes", "Device pool bytes in live buffers"),
+                         ("total_bytes", "Device pool bytes held, cached blocks included"),
+                         ("limit_bytes", "Device pool cap (0 = none)")):
+            fam = GaugeMetricFamily(f"gt_device_pool_{key}", doc, labels=["device"])
+            for device, values in stats.items():
+                fam.add_metric([device], values[key])
+            yield fam
+
+    return collect
+
+
 def fleet_metric_provider(fleet: Any, view: Any, clock: Any):
     """Router decisions (where requests were served) and peers by health, for the edge cluster."""
 

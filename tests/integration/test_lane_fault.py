@@ -42,8 +42,9 @@ def gather_model(path: Path) -> None:
     onnx.save(model, str(path))
 
 
-@pytest.fixture(scope="module")
-def fault_server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["auto", "always"], ids=["plain", "io_binding"])
+def fault_server(request, tmp_path_factory):
+    """The same server on the plain path and with every lane using IO binding (BoundBatchJob)."""
     root = tmp_path_factory.mktemp("fault_repo")
     gather_model(root / "gather" / "1" / "model.onnx")
     # CPU lanes: onnxruntime's CPU Gather checks its indices (a CUDA kernel need not)
@@ -57,7 +58,9 @@ def fault_server(tmp_path_factory):
         'dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 10000000 }\n' + cpu)
     mb.simple_add_sub(root / "simple" / "1" / "model.onnx")
     (root / "simple" / "config.pbtxt").write_text(mb.SIMPLE_CONFIG)
-    srv = start_server(root, tmp_path_factory.mktemp("fault_srv"))
+    work = tmp_path_factory.mktemp("fault_srv")
+    (work / "node.yaml").write_text(f"lanes:\n  io_binding: {request.param}\n")
+    srv = start_server(root, work, "--config", str(work / "node.yaml"))
     yield srv
     srv.stop()
 
