@@ -1,10 +1,11 @@
 """Do two execution lanes (two CUDA streams) overlap on this GPU?
 
-Runs the same matmul workload on two non-blocking streams, first one after the other on one
-stream, then concurrently on two streams, timed with CUDA events; prints one JSON line per
-size with the ratio concurrent / sequential (0.5 = perfect overlap, 1.0 = none). Small
-matrices leave SMs idle, so lanes should overlap; large ones fill the GPU, so they should not.
-Exits 0 with {"skipped": ...} when CuPy or a device is missing.
+First the direct check, as the lanes issue work: two threads, each with its own non-blocking
+stream, launch kernels that hold one block for a fixed time (a spin on %globaltimer); timed on
+one stream, then on two (0.5 = full overlap, 1.0 = none). Then the same matmul workload on one
+stream and on two, timed with CUDA events: small matrices leave SMs idle, so lanes may overlap
+when the host launches fast enough; large ones fill the GPU, so they should not. Prints one JSON
+line per case. Exits 0 with {"skipped": ...} when CuPy or a device is missing.
 
     python bench/stream_overlap.py [--repeats 5]
 """
@@ -13,6 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+
+import numpy as np
 
 # (matrix side, matmuls per lane per run)
 SIZES = [(256, 200), (1024, 50), (4096, 4)]
@@ -38,6 +42,11 @@ def workload(cp, a, b, out, matmuls: int) -> None:  # noqa: ANN001
         cp.matmul(a, b, out=out)
 
 
+def _name(cp) -> str:  # noqa: ANN001
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
+    return name if isinstance(name, str) else name.decode()
+
+
 def timed_ms(cp, streams, inputs, matmuls: int) -> float:  # noqa: ANN001
     """Both lanes' work; lane i runs on streams[i % len(streams)]. Event-timed on streams[0]."""
     first = streams[0]
@@ -59,6 +68,54 @@ def timed_ms(cp, streams, inputs, matmuls: int) -> float:  # noqa: ANN001
     return cp.cuda.get_elapsed_time(start, end)
 
 
+SPIN_SOURCE = r"""
+extern "C" __global__ void gt_spin(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+"""
+
+
+def spin_case(cp, streams, launches: int = 10, spin_ms: float = 1.0) -> dict:  # noqa: ANN001
+    """Two lane threads each launch `launches` one-block kernels of `spin_ms` on their stream."""
+    import threading
+
+    kernel = cp.RawKernel(SPIN_SOURCE, "gt_spin")
+    ns = np.uint64(int(spin_ms * 1e6))
+
+    def run(lane_streams) -> float:  # noqa: ANN001
+        for st in streams:
+            st.synchronize()
+        barrier = threading.Barrier(2)
+        start = time.perf_counter()
+
+        def lane(i: int) -> None:
+            stream = lane_streams[i % len(lane_streams)]
+            barrier.wait()
+            with stream:
+                for _ in range(launches):
+                    kernel((1,), (32,), (ns,))
+
+        threads = [threading.Thread(target=lane, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for st in lane_streams:
+            st.synchronize()
+        return (time.perf_counter() - start) * 1e3
+
+    run(streams)  # warm-up: module load
+    one = min(run(streams[:1]) for _ in range(3))
+    two = min(run(streams) for _ in range(3))
+    return {"bench": "stream_overlap", "case": "spin_two_lane_threads", "launches_per_lane": launches,
+            "spin_ms": spin_ms, "one_stream_ms": one, "two_streams_ms": two,
+            "concurrent_over_sequential": two / one, "overlap": two / one < 0.75}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
@@ -70,6 +127,7 @@ def main() -> int:
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
     device = cp.cuda.Device()
     name = cp.cuda.runtime.getDeviceProperties(device.id)["name"]
+    emit({**spin_case(cp, streams), "device": _name(cp)})
     for side, matmuls in SIZES:
         with streams[0]:
             inputs = [

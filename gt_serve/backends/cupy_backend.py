@@ -55,6 +55,43 @@ def pad_bits(pad_value: float | int | bool, dtype: np.dtype) -> np.uint64:
     return raw.view("<u8")[0].astype(np.uint64)
 
 
+class DescriptorRing:
+    """Kernel descriptors (pointers, row offsets) go to the device through a few pinned host
+    slots and device slots, with an asynchronous copy on the lane's stream: a copy from pageable
+    memory would first wait for everything queued on the stream, so back-to-back packs could not
+    overlap. A slot is rewritten only after the event recorded behind its last copy has passed;
+    its device half is reused in stream order, after the kernel that read it."""
+
+    def __init__(self, cp: Any, stream: Any, slots: int = 8) -> None:
+        self._cp = cp
+        self._stream = stream
+        self._slots: list[list[Any] | None] = [None] * slots
+        self._next = 0
+
+    def upload(self, host: np.ndarray) -> Any:
+        """The bytes of `host` (int64) on the device, as an int64 array; asynchronous."""
+        cp = self._cp
+        nbytes = host.nbytes
+        index = self._next
+        self._next = (index + 1) % len(self._slots)
+        slot = self._slots[index]
+        if slot is None or slot[0].nbytes < nbytes:
+            capacity = max(4096, 1 << (max(nbytes, 1) - 1).bit_length())
+            pinned = np.frombuffer(cp.cuda.alloc_pinned_memory(capacity), dtype=np.uint8, count=capacity)
+            if slot is not None and slot[2] is not None:
+                slot[2].synchronize()  # the old slot may still be copying
+            slot = self._slots[index] = [pinned, cp.empty(capacity, dtype=np.uint8), None]
+        pinned, device, done = slot
+        if done is not None:
+            done.synchronize()  # normally long passed
+        else:
+            done = slot[2] = cp.cuda.Event(block=False, disable_timing=True)
+        pinned[:nbytes] = host.view(np.uint8)
+        device.data.copy_from_host_async(pinned.ctypes.data, nbytes, self._stream)
+        done.record(self._stream)
+        return device[:nbytes].view(np.int64)
+
+
 class CupyBackend:
     """`ArrayBackend` on one CUDA device and stream. Use one instance per lane thread."""
 
@@ -83,6 +120,7 @@ class CupyBackend:
                 code=kernel_source(KERNEL_FAMILY, kernels_dir), options=("--std=c++17",)
             )
             self._kernels = {name: module.get_function(name) for name in KERNEL_NAMES}
+        self._ring = DescriptorRing(cp, self._stream)
 
     @property
     def name(self) -> str:
@@ -104,16 +142,21 @@ class CupyBackend:
 
     def _device_arrays(self, arrays: Sequence[Any]) -> list[Any]:
         cp = self._cp
-        return [cp.ascontiguousarray(cp.asarray(a)) for a in arrays]
+        device = cp.ndarray
+        return [a if isinstance(a, device) and a.flags.c_contiguous else cp.ascontiguousarray(cp.asarray(a))
+                for a in arrays]
 
-    def _descriptor(self, arrays: Sequence[Any], offsets: np.ndarray) -> tuple[Any, Any]:
-        """(device uint64 pointers, device int64 row offsets) in one host-to-device copy."""
+    def _descriptor(self, arrays: Sequence[Any], offsets: np.ndarray, extra: Sequence[int] = ()) -> tuple[Any, ...]:
+        """(device uint64 pointers, device int64 row offsets[, device int64 extra]) in one
+        asynchronous host-to-device copy through the descriptor ring."""
         n = len(arrays)
-        desc = np.empty(2 * n + 1, dtype=np.int64)
+        desc = np.empty(2 * n + 1 + len(extra), dtype=np.int64)
         desc[:n] = [a.data.ptr for a in arrays]
-        desc[n:] = offsets
-        desc_dev = self._cp.asarray(desc)
-        return desc_dev[:n].view(self._cp.uint64), desc_dev[n:]
+        desc[n:2 * n + 1] = offsets
+        desc[2 * n + 1:] = extra
+        desc_dev = self._ring.upload(desc)
+        parts = (desc_dev[:n].view(self._cp.uint64), desc_dev[n:2 * n + 1])
+        return (*parts, desc_dev[2 * n + 1:]) if len(extra) else parts
 
     def _grid(self, n_requests: int, max_work: int, per_block: int) -> tuple[int, int]:
         blocks_x = max(1, min(MAX_GRID_X, -(-max_work // per_block)))
@@ -188,8 +231,7 @@ class CupyBackend:
                 return target
             requests = self._device_arrays(arrays)
             offsets = row_offsets([a.shape[0] for a in requests])
-            ptrs, offsets_dev = self._descriptor(requests, offsets)
-            lens_dev = self._cp.asarray(np.array([a.shape[1] for a in requests], np.int64))
+            ptrs, offsets_dev, lens_dev = self._descriptor(requests, offsets, [a.shape[1] for a in requests])
             inner_bytes = dtype.itemsize * int(np.prod(rest, dtype=np.int64))
             grid = self._grid(len(requests), max(a.shape[0] for a in requests), 1)
             args = (

@@ -30,7 +30,13 @@ class FakeDeviceArray(np.ndarray):
 
     @property
     def data(self) -> types.SimpleNamespace:  # type: ignore[override]
-        return types.SimpleNamespace(ptr=self.ctypes.data)
+        ptr = self.ctypes.data
+
+        def copy_from_host_async(src: int, nbytes: int, stream: object = None) -> None:
+            assert nbytes <= self.nbytes
+            ctypes.memmove(ptr, src, nbytes)
+
+        return types.SimpleNamespace(ptr=ptr, copy_from_host_async=copy_from_host_async)
 
     def get(self, stream: object = None, out: np.ndarray | None = None) -> np.ndarray:
         if out is None:
@@ -155,13 +161,24 @@ def _fake_cupy(launches: list[tuple]) -> types.ModuleType:
     def using_allocator(malloc: object) -> Iterator[None]:
         yield
 
-    cuda.Device, cuda.Stream, cuda.MemoryPool = Context, Context, MemoryPool
+    class Event:
+        def __init__(self, block: bool = False, disable_timing: bool = False) -> None:
+            self.recorded = 0
+
+        def record(self, stream: object = None) -> None:
+            self.recorded += 1
+
+        def synchronize(self) -> None:
+            assert self.recorded, "synchronize on an event never recorded"
+
+    cuda.Device, cuda.Stream, cuda.MemoryPool, cuda.Event = Context, Context, MemoryPool, Event
     cuda.using_allocator = using_allocator
     cuda.alloc_pinned_memory = bytearray
     cp.cuda, cp.RawModule, cp.ndarray, cp.uint64 = cuda, RawModule, FakeDeviceArray, np.uint64
     cp.asarray = lambda a: a if isinstance(a, FakeDeviceArray) else _device(a)
     cp.ascontiguousarray = lambda a: _device(np.ascontiguousarray(a))
     cp.empty = lambda shape, dtype: np.empty(shape, dtype).view(FakeDeviceArray)
+    cp.float32 = np.float32
     return cp
 
 
@@ -243,3 +260,14 @@ def test_transfers_and_statistics(gpu) -> None:  # noqa: ANN001
     assert gpu.alloc_host(100).shape == (100,)
     assert gpu.memory_statistics()["device_limit_bytes"] == 1 << 20
     assert gpu.name == "cupy"
+
+
+def test_descriptor_ring_wraps_and_grows(gpu) -> None:  # noqa: ANN001
+    """More launches than ring slots, with descriptors outgrowing a slot: every pack stays right."""
+    rng = np.random.default_rng(3)
+    ref = NumpyBackend()
+    for step in range(20):
+        counts = [1 + (i % 3) for i in range(1 + step * 40)]  # up to 761 requests: > one 4 KiB slot
+        host = [_random(rng, (n, 2), np.float32) for n in counts]
+        packed = gpu.pack([_device(a) for a in host])
+        np.testing.assert_array_equal(np.asarray(packed), ref.pack(host))
