@@ -201,7 +201,10 @@ class App:
                                          idle_timeout_s=s.idle_timeout_s)
             self.ports["http"] = self.http.port
         if s.allow_grpc:
-            from .protocol.grpc import start_grpc
+            if s.grpc_transport == "native":
+                from .protocol.grpc_native import start_grpc_native as start_grpc
+            else:
+                from .protocol.grpc import start_grpc
 
             self.grpc = await start_grpc(self.dataplane, s.host, s.grpc_port, auth_token=s.auth_token,
                                          peer_token=self.cfg.cluster.peer_token)

@@ -14,6 +14,7 @@ from .errors import ConfigError
 MODEL_CONTROL_MODES = ("none", "explicit", "poll")
 ROUTER_POLICIES = ("balanced", "latency", "energy", "round_robin", "least_loaded", "cosine")
 IO_BINDING_MODES = ("auto", "always", "never")
+GRPC_TRANSPORTS = ("grpcio", "native")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class ServerConfig:
     drain_timeout_s: float = 30.0
     auth_token: str | None = None
     allow_grpc: bool = True
+    grpc_transport: str = "native"  # "native" (our HTTP/2 transport, protocol/grpc_native.py) or "grpcio"
     allow_http: bool = True
     allow_metrics: bool = True
     log_level: str = "INFO"
@@ -202,6 +204,8 @@ def validate(cfg: Config) -> None:
         port = getattr(s, key)
         if not 0 <= port <= 65535:
             raise ConfigError(f"config key 'server.{key}' must be a port number 0-65535, got {port!r}")
+    if s.grpc_transport not in GRPC_TRANSPORTS:
+        raise ConfigError(f"config key 'server.grpc_transport' must be one of {GRPC_TRANSPORTS}, got {s.grpc_transport!r}")
     if cfg.router.policy not in ROUTER_POLICIES:
         raise ConfigError(f"config key 'router.policy' must be one of {ROUTER_POLICIES}, got {cfg.router.policy!r}")
     for model, policy in cfg.router.model_policies.items():
@@ -219,7 +223,7 @@ def validate(cfg: Config) -> None:
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
-    """Read the node YAML (if any), apply environment (GT_AUTH_TOKEN, GT_PEER_TOKEN, GT_MQTT_PASSWORD)
+    """Read the node YAML (if any), apply environment (GT_AUTH_TOKEN, GT_GRPC_TRANSPORT, GT_PEER_TOKEN, GT_MQTT_PASSWORD)
     and command-line overrides (server-section keys), validate, and return the frozen Config."""
     raw: dict[str, Any] = {}
     if path:
@@ -239,6 +243,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: Mapping[str, A
     env_token = os.environ.get("GT_AUTH_TOKEN")
     if env_token:
         server.setdefault("auth_token", env_token)
+    if os.environ.get("GT_GRPC_TRANSPORT"):
+        server.setdefault("grpc_transport", os.environ["GT_GRPC_TRANSPORT"])
     for key, value in (overrides or {}).items():
         if value is not None:
             server[key] = value

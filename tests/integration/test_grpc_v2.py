@@ -28,6 +28,34 @@ RESULT_TIMEOUT_S = 30.0
 # helpers
 
 
+@pytest.fixture(scope="module", params=["native", "grpcio"])
+def grpc_transport(request) -> str:
+    """Every test here runs against both gRPC transports (server.grpc_transport)."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def server(model_repo, tmp_path_factory, grpc_transport):
+    from tests.conftest import start_server
+
+    srv = start_server(model_repo, tmp_path_factory.mktemp(f"srv_{grpc_transport}"),
+                       env={"GT_GRPC_TRANSPORT": grpc_transport})
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def explicit_server(tmp_path_factory, grpc_transport):
+    from tests.conftest import start_server
+    from tests.models import build_repository
+
+    repo = build_repository(tmp_path_factory.mktemp(f"repo_explicit_{grpc_transport}"))
+    srv = start_server(repo, tmp_path_factory.mktemp(f"srv_explicit_{grpc_transport}"), "--model-control-mode",
+                       "explicit", "--load-model", "simple", env={"GT_GRPC_TRANSPORT": grpc_transport})
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture(scope="module")
 def client(server):
     c = grpcclient.InferenceServerClient(server.grpc_url)
@@ -612,8 +640,11 @@ class _HealthOnlyDataPlane:
 
 
 @pytest.mark.asyncio
-async def test_bearer_auth():
-    from gt_serve.protocol.grpc import start_grpc
+async def test_bearer_auth(grpc_transport):
+    if grpc_transport == "native":
+        from gt_serve.protocol.grpc_native import start_grpc_native as start_grpc
+    else:
+        from gt_serve.protocol.grpc import start_grpc
 
     front = await start_grpc(_HealthOnlyDataPlane(), "127.0.0.1", 0, auth_token="s3cret")
     try:
@@ -631,11 +662,11 @@ async def test_bearer_auth():
         await front.stop(0)
 
 
-def test_bearer_auth_real_server(model_repo, tmp_path):
+def test_bearer_auth_real_server(model_repo, tmp_path, grpc_transport):
     from gt_serve.launcher import launch
 
     with launch(["--model-repository", str(model_repo), "--auth-token", "tok-123"],
-                workdir=tmp_path) as srv:
+                workdir=tmp_path, env={"GT_GRPC_TRANSPORT": grpc_transport}) as srv:
         c = grpcclient.InferenceServerClient(srv.grpc_url)
         try:
             assert c.is_server_live()

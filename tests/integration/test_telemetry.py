@@ -69,7 +69,10 @@ async def agents() -> AsyncIterator[Callable[..., TelemetryAgent]]:
     yield make
     for agent in made:
         await agent.stop()
-    leaked = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+    pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+    if pending:  # aiomqtt cancels its helper tasks on exit without awaiting them: let them finish
+        await asyncio.wait(pending, timeout=5.0)
+    leaked = [t for t in pending if not t.done()]
     assert not leaked, leaked
 
 

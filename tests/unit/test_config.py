@@ -8,6 +8,12 @@ def test_defaults():
     cfg = parse_config({})
     assert cfg.server.http_port == 8000 and cfg.server.server_name == "gt_serve"
     assert cfg.router.policy == "balanced"
+    assert cfg.server.grpc_transport == "native" and cfg.lanes.io_binding == "auto"
+
+
+def test_grpc_transport_from_the_environment(monkeypatch):
+    monkeypatch.setenv("GT_GRPC_TRANSPORT", "grpcio")
+    assert load_config().server.grpc_transport == "grpcio"
 
 
 @pytest.mark.parametrize("raw, words", [
@@ -18,6 +24,9 @@ def test_defaults():
     ({"telemetry": {"period_s": -1}}, ["telemetry.period_s", "-1"]),
     ({"bogus": 1}, ["bogus"]),
     ({"server": {"model_control_mode": "poll2"}}, ["model_control_mode", "poll2"]),
+    ({"server": {"grpc_transport": "h3"}}, ["server.grpc_transport", "h3"]),
+    ({"lanes": {"io_binding": "sometimes"}}, ["lanes.io_binding", "sometimes"]),
+    ({"lanes": {"gpu_memory_limit_bytes": -1}}, ["lanes.gpu_memory_limit_bytes", "-1"]),
 ])
 def test_bad_values_are_named(raw, words):
     with pytest.raises(ConfigError) as err:

@@ -1,0 +1,163 @@
+"""The native gRPC transport (server.grpc_transport: native) at the HTTP/2 level: what
+test_grpc_v2.py (which runs every RPC against both transports) does not reach: flow control with
+tensors far larger than the windows, compressed requests, escaping of error messages, unknown
+methods, and a client that does not speak HTTP/2 or breaks the protocol. Real tritonclient and raw
+sockets on 127.0.0.1.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from gt_serve import model_builders as mb
+from gt_serve.protocol.grpc_native import PREFACE, _parse_timeout
+from tests.conftest import start_server
+
+TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    root = tmp_path_factory.mktemp("native_repo")
+    mb.scale(root / "big" / "1" / "model.onnx", factor=2.0, width=4)
+    (root / "big" / "config.pbtxt").write_text('name: "big"\nmax_batch_size: 0\n')
+    mb.simple_add_sub(root / "simple" / "1" / "model.onnx")
+    (root / "simple" / "config.pbtxt").write_text(mb.SIMPLE_CONFIG)
+    srv = start_server(root, tmp_path_factory.mktemp("native_srv"), env={"GT_GRPC_TRANSPORT": "native"})
+    yield srv
+    srv.stop()
+
+
+def _frames(sock: socket.socket, want: int) -> list[tuple[int, int, int, bytes]]:
+    """Read until `want` frames (or the peer closes): (type, flags, stream, payload)."""
+    data = b""
+    out = []
+    sock.settimeout(TIMEOUT_S)
+    while len(out) < want:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        while len(data) >= 9:
+            length = int.from_bytes(data[:3], "big")
+            if len(data) < 9 + length:
+                break
+            out.append((data[3], data[4], struct.unpack(">I", data[5:9])[0] & 0x7FFFFFFF, data[9:9 + length]))
+            data = data[9 + length:]
+    return out
+
+
+def _connect(srv) -> socket.socket:
+    host, port = srv.grpc_url.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=TIMEOUT_S)
+
+
+def _simple_call(srv) -> None:
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    try:
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        inputs = []
+        for name in ("INPUT0", "INPUT1"):
+            inputs.append(grpcclient.InferInput(name, [1, 16], "INT32"))
+            inputs[-1].set_data_from_numpy(a)
+        np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), 2 * a)
+    finally:
+        client.close()
+
+
+def test_the_native_transport_answers(native):
+    """Its SETTINGS (what grpcio would not send) show which transport is listening."""
+    with _connect(native) as sock:
+        sock.sendall(PREFACE + struct.pack(">I", 0)[1:] + bytes([4, 0]) + struct.pack(">I", 0))
+        kind, flags, sid, payload = _frames(sock, 1)[0]
+        assert (kind, flags, sid) == (4, 0, 0)
+        settings = dict(struct.unpack_from(">HI", payload, i) for i in range(0, len(payload), 6))
+        assert settings[3] == 4096 and settings[5] == (1 << 24) - 1
+
+
+def test_tensors_far_larger_than_the_flow_control_windows(native):
+    rows = 3_000_000  # 48 MB each way: many frames, window updates in both directions
+    x = np.random.default_rng(0).standard_normal((rows, 4)).astype(np.float32)
+    client = grpcclient.InferenceServerClient(native.grpc_url)
+    try:
+        i = grpcclient.InferInput("INPUT", [rows, 4], "FP32")
+        i.set_data_from_numpy(x)
+        out = client.infer("big", [i], client_timeout=TIMEOUT_S).as_numpy("OUTPUT")
+        np.testing.assert_array_equal(out, 2 * x)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests(native, algorithm):
+    client = grpcclient.InferenceServerClient(native.grpc_url)
+    try:
+        x = np.tile(np.arange(4, dtype=np.float32), (1000, 1))  # compressible
+        i = grpcclient.InferInput("INPUT", list(x.shape), "FP32")
+        i.set_data_from_numpy(x)
+        out = client.infer("big", [i], compression_algorithm=algorithm).as_numpy("OUTPUT")
+        np.testing.assert_array_equal(out, 2 * x)
+    finally:
+        client.close()
+
+
+def test_error_messages_arrive_unmangled(native):
+    client = grpcclient.InferenceServerClient(native.grpc_url)
+    try:
+        name = "módel %41 ü\u2603 \"quoted\""
+        i = grpcclient.InferInput("INPUT", [1, 4], "FP32")
+        i.set_data_from_numpy(np.zeros((1, 4), np.float32))
+        with pytest.raises(InferenceServerException) as info:
+            client.infer(name, [i])
+        assert name in info.value.message()
+        assert info.value.status() in ("StatusCode.INVALID_ARGUMENT", "StatusCode.NOT_FOUND")
+    finally:
+        client.close()
+
+
+def test_unknown_method_is_unimplemented(native):
+    with grpc.insecure_channel(native.grpc_url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/NoSuchMethod")
+        with pytest.raises(grpc.RpcError) as info:
+            call(b"", timeout=TIMEOUT_S)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "NoSuchMethod" in info.value.details()
+
+
+def test_a_client_that_is_not_http2_is_turned_away(native):
+    with _connect(native) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        frames = _frames(sock, 10)  # our SETTINGS, then GOAWAY, then the close
+        assert frames[-1][0] == 7 and struct.unpack(">I", frames[-1][3][4:8])[0] == 1  # PROTOCOL_ERROR
+    _simple_call(native)  # the server lives on
+
+
+def test_a_protocol_violation_ends_that_connection_only(native):
+    with _connect(native) as sock:
+        sock.sendall(PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        sock.sendall(b"\x00\x00\x04\x05\x04\x00\x00\x00\x01" + b"\x00\x00\x00\x02")  # PUSH_PROMISE from a client
+        frames = _frames(sock, 10)
+        goaway = [f for f in frames if f[0] == 7]
+        assert goaway and struct.unpack(">I", goaway[0][3][4:8])[0] == 1
+    _simple_call(native)
+
+
+def test_ping_is_answered(native):
+    with _connect(native) as sock:
+        sock.sendall(PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"gt-serve")
+        frames = _frames(sock, 4)
+        assert (6, 1, 0, b"gt-serve") in frames
+
+
+def test_grpc_timeout_header():
+    assert _parse_timeout("2S") == 2.0
+    assert _parse_timeout("100m") == pytest.approx(0.1)
+    assert _parse_timeout("5u") == pytest.approx(5e-6)
+    assert _parse_timeout("1H") == 3600.0
+    assert _parse_timeout("x") is None and _parse_timeout("10") is None
