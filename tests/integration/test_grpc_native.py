@@ -29,6 +29,11 @@ def native(tmp_path_factory):
     (root / "big" / "config.pbtxt").write_text('name: "big"\nmax_batch_size: 0\n')
     mb.simple_add_sub(root / "simple" / "1" / "model.onnx")
     (root / "simple" / "config.pbtxt").write_text(mb.SIMPLE_CONFIG)
+    # waits (up to 20 s) for a batch of 2: a lone request stays queued, so deadlines can pass
+    mb.scale(root / "waits" / "1" / "model.onnx", factor=2.0, width=4)
+    (root / "waits" / "config.pbtxt").write_text(
+        'name: "waits"\nmax_batch_size: 8\n'
+        'dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 20000000 }\n')
     srv = start_server(root, tmp_path_factory.mktemp("native_srv"), env={"GT_GRPC_TRANSPORT": "native"})
     yield srv
     srv.stop()
@@ -161,3 +166,74 @@ def test_grpc_timeout_header():
     assert _parse_timeout("5u") == pytest.approx(5e-6)
     assert _parse_timeout("1H") == 3600.0
     assert _parse_timeout("x") is None and _parse_timeout("10") is None
+
+
+def _waits_input():
+    i = grpcclient.InferInput("INPUT", [1, 4], "FP32")
+    i.set_data_from_numpy(np.ones((1, 4), np.float32))
+    return i
+
+
+def test_a_deadline_that_passes_in_the_queue(native):
+    client = grpcclient.InferenceServerClient(native.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("waits", [_waits_input()], client_timeout=0.3)
+        assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        # two together make the preferred batch and are served at once
+        import concurrent.futures
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            outs = list(pool.map(lambda _: client.infer("waits", [_waits_input()], client_timeout=TIMEOUT_S)
+                                 .as_numpy("OUTPUT"), range(2)))
+        for out in outs:
+            np.testing.assert_array_equal(out, np.full((1, 4), 2.0, np.float32))
+    finally:
+        client.close()
+    _simple_call(native)
+
+
+def test_client_cancellation_frees_the_call(native):
+    """A call cancelled by the client (RST_STREAM) while it waits in the queue is dropped; the
+    connection and the server carry on."""
+    import asyncio
+
+    import tritonclient.grpc.aio as aioclient
+
+    async def main():
+        async with aioclient.InferenceServerClient(native.grpc_url) as client:
+            i = aioclient.InferInput("INPUT", [1, 4], "FP32")
+            i.set_data_from_numpy(np.ones((1, 4), np.float32))
+            task = asyncio.ensure_future(client.infer("waits", [i]))
+            done, _ = await asyncio.wait([task], timeout=0.3)
+            assert not done  # still queued
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await client.is_server_live()  # same connection, still fine
+
+    asyncio.run(main())
+    _simple_call(native)
+
+
+def test_random_frames_never_take_the_server_down(native):
+    """Seeded random frame sequences after a valid preface: each connection ends or carries on,
+    the server keeps serving."""
+    rng = np.random.default_rng(1234)
+    for case in range(60):
+        with _connect(native) as sock:
+            frames = [PREFACE, b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"]
+            for _ in range(int(rng.integers(1, 6))):
+                kind = int(rng.integers(0, 12))
+                flags = int(rng.integers(0, 256))
+                sid = int(rng.choice([0, 1, 2, 3, 2**31 - 1]))
+                payload = rng.integers(0, 256, int(rng.integers(0, 40)), dtype=np.uint8).tobytes()
+                frames.append(len(payload).to_bytes(3, "big") + bytes([kind, flags]) + struct.pack(">I", sid) + payload)
+            try:
+                sock.sendall(b"".join(frames))
+                sock.settimeout(0.5)
+                while sock.recv(65536):
+                    pass
+            except (socket.timeout, ConnectionError):
+                pass
+    _simple_call(native)
