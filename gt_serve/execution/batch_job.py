@@ -121,7 +121,7 @@ def make_job_factory(backend: Any, pool: Any = None, lane_backends: dict | None 
         device_backend = bound_backend(runner, lane)
         if device_backend is not None:
             return BoundBatchJob(runner, device_backend, [e.feeds for e in entries], [e.batch_size for e in entries],
-                                 list(spec.output_order), pool)
+                                 spec.input_order, list(spec.output_order), pool)
         return BatchJob(runner, backend, [e.feeds for e in entries], [e.batch_size for e in entries],
                         spec.input_order, list(spec.output_order), pool)
 

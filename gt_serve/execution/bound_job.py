@@ -14,27 +14,20 @@ With `NumpyBackend` the same job runs a CPU session through IO binding (the CPU 
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
+
+from .batch_job import BatchJob, SimpleArrayBackend
 
 _now_ns = time.perf_counter_ns
 
 
-class BoundBatchJob:
+class BoundBatchJob(BatchJob):
     """Callable bound to one batch; returns (per-request outputs, (input_ns, infer_ns, output_ns))
     like `BatchJob`. `backend` is the lane's `ArrayBackend` (where the session computes)."""
 
-    __slots__ = ("runner", "backend", "pool", "feeds_list", "counts", "output_names")
-
-    def __init__(self, runner: Any, backend: Any, feeds_list: Sequence[dict], counts: Sequence[int],
-                 output_names: list[str], pool: Any = None) -> None:
-        self.runner = runner
-        self.backend = backend
-        self.pool = pool
-        self.feeds_list = feeds_list
-        self.counts = counts
-        self.output_names = output_names
+    __slots__ = ()
 
     def __call__(self):
         t0 = _now_ns()
@@ -60,7 +53,7 @@ class BoundBatchJob:
         if len(self.feeds_list) == 1:
             per_request = [host_outputs]
         else:
-            splits = [_split(out, self.counts) for out in host_outputs]
+            splits = [SimpleArrayBackend.scatter(out, self.counts) for out in host_outputs]
             per_request = [[s[i] for s in splits] for i in range(len(self.feeds_list))]
         return per_request, (t1 - t0, t2 - t1, _now_ns() - t2)
 
@@ -90,22 +83,8 @@ class BoundBatchJob:
         return self.backend.to_host(array, out=host)
 
     def _one_by_one(self, t0: int, t1: int):
-        """The batch run failed: run each request alone on the plain path, so that only the
-        requests that fail get an error (their slot holds the exception)."""
-        per_request: list = []
+        """The batch run failed: each request alone on the plain path (inputs back on the host)."""
         to_host = self.backend.to_host
-        for feeds in self.feeds_list:
-            try:
-                feeds = {k: v if isinstance(v, np.ndarray) else to_host(v) for k, v in feeds.items()}
-                per_request.append(self.runner.run(feeds, self.output_names))
-            except Exception as exc:  # noqa: BLE001 - handed to this request's future
-                per_request.append(exc)
-        return per_request, (t1 - t0, _now_ns() - t1, 0)
-
-
-def _split(batch: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
-    out, offset = [], 0
-    for n in counts:
-        out.append(batch[offset:offset + n])
-        offset += n
-    return out
+        self.feeds_list = [{k: v if isinstance(v, np.ndarray) else to_host(v) for k, v in feeds.items()}
+                           for feeds in self.feeds_list]
+        return super()._one_by_one(t0, t1)

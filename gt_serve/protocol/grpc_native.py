@@ -152,7 +152,10 @@ class _Messages:
             raise StopAsyncIteration
         if isinstance(item, BaseException):
             raise item
-        return self._parse(item)
+        try:
+            return self._parse(item)
+        except Exception as exc:  # noqa: BLE001 - protobuf decode error: the stream's status
+            raise _Abort(grpc.StatusCode.INTERNAL, f"error parsing request message: {exc}") from None
 
 
 class _Stream:

@@ -22,17 +22,6 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def cp():  # noqa: ANN201 - cupy module
-    cupy = pytest.importorskip("cupy")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except Exception as exc:  # noqa: BLE001 - any driver error means no usable device
-        pytest.skip(f"no CUDA device: {exc}")
-    return cupy
-
-
-@pytest.fixture(scope="module")
 def mlp_path(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("gpu_models") / "mlp" / "model.onnx"
     mb.mlp(path, sizes=(256, 1024, 1024, 10))
@@ -109,7 +98,8 @@ def test_bound_batch_job_on_a_cuda_session(cp, mlp_path):
     held = []
     for step in range(12):
         feeds_list = [{"INPUT": rng.standard_normal((n, 256)).astype(np.float32)} for n in counts]
-        per_request, timings = BoundBatchJob(runner, backend, feeds_list, counts, ["OUTPUT"], host_pool)()
+        per_request, timings = BoundBatchJob(runner, backend, feeds_list, counts, ["INPUT"], ["OUTPUT"],
+                                                 host_pool)()
         for feeds, (out,) in zip(feeds_list, per_request):
             assert isinstance(out, np.ndarray) and out.shape == (feeds["INPUT"].shape[0], 10)
             np.testing.assert_allclose(out, cpu.run(feeds)[0], rtol=2e-3, atol=2e-3)  # TF32 may differ

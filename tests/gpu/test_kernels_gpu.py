@@ -15,17 +15,6 @@ TRAILING = [(), (1,), (3,), (4, 4), (7, 3), (1, 1, 5)]
 
 
 @pytest.fixture(scope="module")
-def cp():  # noqa: ANN201 - cupy module
-    cupy = pytest.importorskip("cupy")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except Exception as exc:  # noqa: BLE001 - any driver error means no usable device
-        pytest.skip(f"no CUDA device: {exc}")
-    return cupy
-
-
-@pytest.fixture(scope="module")
 def gpu(cp):  # noqa: ANN001, ANN201
     from gt_serve.backends.cupy_backend import CupyBackend
 

@@ -130,7 +130,7 @@ def test_bound_batch_job_splits_a_ragged_batch_exactly(models):
     counts = [1, 3, 2, 5]
     feeds_list = [feeds_for(runner, n, 10 + i) for i, n in enumerate(counts)]
     per_request, (input_ns, infer_ns, output_ns) = BoundBatchJob(
-        runner, NumpyBackend(), feeds_list, counts, ["OUTPUT"], pool)()
+        runner, NumpyBackend(), feeds_list, counts, ["INPUT"], ["OUTPUT"], pool)()
     assert len(per_request) == len(counts)
     for feeds, n, (out,) in zip(feeds_list, counts, per_request):
         assert out.shape == (n, 8)
@@ -143,7 +143,7 @@ def test_bound_batch_job_steady_state_allocates_no_staging_buffers(models):
     runner = OnnxRunner(str(models["mlp"]))
     pool = HostBufferPool()
     job = lambda seed: BoundBatchJob(runner, NumpyBackend(), [feeds_for(runner, 2, seed), feeds_for(runner, 3, seed)],  # noqa: E731
-                                     [2, 3], ["OUTPUT"], pool)
+                                     [2, 3], ["INPUT"], ["OUTPUT"], pool)
     job(0)()
     allocations = pool.statistics()["allocations"]
     for seed in range(1, 20):
@@ -157,7 +157,7 @@ def test_bound_batch_job_isolates_the_request_that_fails(models):
     runner = OnnxRunner(str(models["mlp"]))
     good = feeds_for(runner, 2, 5)
     bad = {"INPUT": np.zeros((1, 15), np.float32)}  # wrong width: the packed batch cannot be built
-    per_request, _ = BoundBatchJob(runner, NumpyBackend(), [good, bad, good], [2, 1, 2], ["OUTPUT"],
+    per_request, _ = BoundBatchJob(runner, NumpyBackend(), [good, bad, good], [2, 1, 2], ["INPUT"], ["OUTPUT"],
                                    HostBufferPool())()
     assert isinstance(per_request[1], Exception)
     for i in (0, 2):
