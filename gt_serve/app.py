@@ -99,7 +99,8 @@ class App:
             stream = lane.stream
             return OnnxRunner(model_path, device="gpu", device_id=int(device.split(":")[1]),
                               cuda_stream_ptr=stream.ptr if stream is not None else None)
-        return OnnxRunner(model_path, device="cpu", intra_op_threads=self._intra_op)
+        return OnnxRunner(model_path, device="cpu", intra_op_threads=self._intra_op,
+                          spin_us=self.cfg.lanes.spin_us if self._intra_op > 1 else 0)
 
     def _repository(self) -> Path:
         if self.cfg.server.model_repository:

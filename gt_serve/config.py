@@ -46,6 +46,7 @@ class ServerConfig:
 class LanesConfig:
     cpu_lanes: int = 0  # 0 = chosen from the core count
     intra_op_threads: int = 0  # per lane; 0 = cores / lanes
+    spin_us: int = 50  # onnxruntime intra-op threads spin this long before sleeping (0 = never spin)
     gpu_streams_per_device: int = 2
     gpus: tuple[int, ...] = ()  # empty = every visible GPU
     # onnxruntime IO binding to pooled device buffers: "auto" = on GPU lanes, "always" = CPU lanes too, "never"
@@ -213,6 +214,8 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"config key 'router.model_policies.{model}' must be one of {ROUTER_POLICIES}, got {policy!r}")
     if cfg.lanes.io_binding not in IO_BINDING_MODES:
         raise ConfigError(f"config key 'lanes.io_binding' must be one of {IO_BINDING_MODES}, got {cfg.lanes.io_binding!r}")
+    if cfg.lanes.spin_us < 0:
+        raise ConfigError(f"config key 'lanes.spin_us' must be 0 or more microseconds, got {cfg.lanes.spin_us!r}")
     if cfg.lanes.gpu_memory_limit_bytes < 0:
         raise ConfigError("config key 'lanes.gpu_memory_limit_bytes' must be 0 (no cap) or a positive byte count, "
                           f"got {cfg.lanes.gpu_memory_limit_bytes!r}")
