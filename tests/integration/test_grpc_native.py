@@ -237,3 +237,62 @@ def test_random_frames_never_take_the_server_down(native):
             except (socket.timeout, ConnectionError):
                 pass
     _simple_call(native)
+
+
+def test_another_http2_client_huffman_continuation_and_padding(native):
+    """The `h2` library as the client (not gRPC's C core): Huffman-coded headers, a header block
+    big enough to need CONTINUATION frames, padded DATA split in two frames, and a ping."""
+    import h2.config
+    import h2.connection
+    import h2.events
+    from tritonclient.grpc import service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name="simple", id="h2-client")
+    for name in ("INPUT0", "INPUT1"):
+        tensor = request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        assert tensor is not None
+        request.raw_input_contents.append(np.arange(16, dtype=np.int32).tobytes())
+    body = request.SerializeToString()
+    message = b"\x00" + struct.pack(">I", len(body)) + body
+
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+               (":authority", native.grpc_url), ("content-type", "application/grpc"), ("te", "trailers"),
+               ("x-big-metadata", "m" * 40000)]  # > 16 KiB: HEADERS + CONTINUATION
+    with _connect(native) as sock:
+        conn.send_headers(1, headers)
+        half = len(message) // 2
+        conn.send_data(1, message[:half], pad_length=7)
+        conn.send_data(1, message[half:], end_stream=True, pad_length=3)
+        conn.ping(b"12345678")
+        out = conn.data_to_send()
+        kinds, pos = [], len(PREFACE)
+        while pos < len(out):
+            kinds.append(out[pos + 3])
+            pos += 9 + int.from_bytes(out[pos:pos + 3], "big")
+        assert 9 in kinds and kinds.count(0) == 2  # CONTINUATION was needed; two DATA frames
+        sock.sendall(out)
+        sock.settimeout(TIMEOUT_S)
+        status = data = trailers = None
+        data = b""
+        pong = False
+        while trailers is None or not pong:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed early"
+            for event in conn.receive_data(chunk):
+                if isinstance(event, h2.events.ResponseReceived):
+                    status = dict(event.headers)
+                elif isinstance(event, h2.events.DataReceived):
+                    data += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.TrailersReceived):
+                    trailers = dict(event.headers)
+                elif isinstance(event, h2.events.PingAckReceived):
+                    pong = event.ping_data == b"12345678"
+            sock.sendall(conn.data_to_send())
+    assert status[":status"] == "200" and status["content-type"] == "application/grpc"
+    assert trailers["grpc-status"] == "0", trailers
+    response = pb.ModelInferResponse.FromString(data[5:5 + struct.unpack(">I", data[1:5])[0]])
+    assert response.id == "h2-client"
+    np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], np.int32), 2 * np.arange(16))
