@@ -98,9 +98,7 @@ class OnnxRunner:
         # dim 0 that is symbolic in every input is the batch; an output whose dim 0 carries the same
         # symbol (or is unnamed where the inputs' are) is sized from the batch before the run
         batch_symbols = {i.shape[0] for i in ins if i.shape and not isinstance(i.shape[0], int)}
-        # output name -> (numpy dtype, trailing dims, dim 0 follows the batch) when a buffer can be
-        # allocated before the run: dim 0 is the inputs' batch symbol and the others are fixed
-        self._preallocatable = {}
+        self._preallocatable = {}  # output name -> (numpy dtype, trailing dims)
         for o in outs:
             shape = list(o.shape or ())
             if (o.type in ORT_TO_NUMPY and shape and ins and shape[0] in batch_symbols and len(batch_symbols) == 1
