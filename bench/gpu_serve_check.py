@@ -128,7 +128,7 @@ def main() -> int:
 
     from gt_serve.launcher import launch
 
-    rawload.install_uvloop()
+    loadgen.install_uvloop()
     tmp = Path(tempfile.mkdtemp(prefix="gt_gpu_"))
     repo = build_repo(tmp / "repo", batching=True)
     for name in ("mlp", "cnn", "cnn_gap"):

@@ -16,8 +16,52 @@ import time
 import numpy as np
 
 
-def _percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
+class Measurement:
+    """The measured phase of one point: wall time, this process's CPU time and the server's
+    (psutil, when its pid is given), and the JSON fields every load generator here prints."""
+
+    def __init__(self, server_pid: int | None = None) -> None:
+        self._proc = None
+        if server_pid:
+            import psutil
+
+            self._proc = psutil.Process(server_pid)
+
+    def start(self) -> None:
+        self._server0 = self._proc.cpu_times() if self._proc is not None else None
+        self._own0 = resource.getrusage(resource.RUSAGE_SELF)
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        self.elapsed_s = time.perf_counter() - self._t0
+        self._own1 = resource.getrusage(resource.RUSAGE_SELF)
+        self._server1 = self._proc.cpu_times() if self._proc is not None else None
+
+    def fields(self, latencies_s: list[float], errors: int, batch: int) -> dict:
+        n, elapsed = len(latencies_s), self.elapsed_s
+        lat_ms = np.asarray(latencies_s) * 1e3
+        result = {
+            "duration_s": round(elapsed, 3), "requests": n, "errors": errors,
+            "requests_per_s": round(n / elapsed, 1), "inferences_per_s": round(n * batch / elapsed, 1),
+            **{f"p{q}_ms": round(float(np.percentile(lat_ms, q)), 3) if n else None for q in (50, 90, 99)},
+        }
+        if n:
+            own0, own1 = self._own0, self._own1
+            own_s = (own1.ru_utime - own0.ru_utime) + (own1.ru_stime - own0.ru_stime)
+            result["client_cpu_ms_per_request"] = round(own_s * 1e3 / n, 4)
+            if self._server1 is not None:
+                s0, s1 = self._server0, self._server1
+                result["server_cpu_ms_per_request"] = round(((s1.user - s0.user) + (s1.system - s0.system)) * 1e3 / n, 4)
+        return result
+
+
+def install_uvloop() -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
 
 
 async def _client_http(url: str):
@@ -82,35 +126,14 @@ async def run_point(url: str, protocol: str, model: str, concurrency: int, durat
         # warm-up
         stop_at = time.perf_counter() + warmup_s
         await asyncio.gather(*[worker() for _ in range(concurrency)])
-        proc = None
-        if server_pid:
-            import psutil
-
-            proc = psutil.Process(server_pid)
-            cpu0 = proc.cpu_times()
+        meter = Measurement(server_pid)
         measuring = True
-        own0 = resource.getrusage(resource.RUSAGE_SELF)
-        t_start = time.perf_counter()
-        stop_at = t_start + duration_s
+        meter.start()
+        stop_at = time.perf_counter() + duration_s
         await asyncio.gather(*[worker() for _ in range(concurrency)])
-        elapsed = time.perf_counter() - t_start
-        result = {
-            "protocol": protocol, "model": model, "concurrency": concurrency, "batch": batch,
-            "duration_s": round(elapsed, 3), "requests": len(latencies), "errors": errors,
-            "requests_per_s": round(len(latencies) / elapsed, 1),
-            "inferences_per_s": round(len(latencies) * batch / elapsed, 1),
-            "p50_ms": round(_percentile(latencies, 50) * 1e3, 3),
-            "p90_ms": round(_percentile(latencies, 90) * 1e3, 3),
-            "p99_ms": round(_percentile(latencies, 99) * 1e3, 3),
-        }
-        own1 = resource.getrusage(resource.RUSAGE_SELF)
-        if latencies:
-            own_s = (own1.ru_utime - own0.ru_utime) + (own1.ru_stime - own0.ru_stime)
-            result["client_cpu_ms_per_request"] = round(own_s * 1e3 / len(latencies), 4)
-        if proc is not None and latencies:
-            cpu1 = proc.cpu_times()
-            cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
-            result["server_cpu_ms_per_request"] = round(cpu_s * 1e3 / len(latencies), 4)
+        meter.stop()
+        result = {"protocol": protocol, "model": model, "concurrency": concurrency, "batch": batch,
+                  **meter.fields(latencies, errors, batch)}
         return result
     finally:
         await client.close()
@@ -126,12 +149,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--server-pid", type=int)
     a = p.parse_args()
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    install_uvloop()
     print(json.dumps(asyncio.run(run_point(a.url, a.protocol, a.model, a.concurrency, a.duration, a.batch, a.server_pid))))
 
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
 import time
 import urllib.request
 
 import httptools
 import numpy as np
+
+from loadgen import Measurement, install_uvloop
 
 V2_DTYPES = {"FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16}
 
@@ -131,48 +132,16 @@ async def run_point(url: str, model: str, concurrency: int, duration_s: float, b
         header_len = int(headers.get(b"inference-header-content-length", len(body)))
         answer = json.loads(body[:header_len])
         assert [o["name"] for o in answer["outputs"]] == [o["name"] for o in meta["outputs"]], answer
-        proc = None
-        if server_pid:
-            import psutil
-
-            proc = psutil.Process(server_pid)
-            cpu0 = proc.cpu_times()
-        own0 = resource.getrusage(resource.RUSAGE_SELF)
+        meter = Measurement(server_pid)
         run.measuring = True
-        started = time.perf_counter()
+        meter.start()
         await phase(duration_s)
-        elapsed = time.perf_counter() - started
-        own1 = resource.getrusage(resource.RUSAGE_SELF)
+        meter.stop()
     finally:
         for conn in conns:
             conn.transport.close()
-    lat = np.array(run.latencies) * 1e3
-    n = len(lat)
-    result = {
-        "client": "rawload", "protocol": "http", "model": model, "concurrency": concurrency, "batch": batch,
-        "duration_s": round(elapsed, 3), "requests": n, "errors": run.errors,
-        "requests_per_s": round(n / elapsed, 1), "inferences_per_s": round(n * batch / elapsed, 1),
-        "p50_ms": round(float(np.percentile(lat, 50)), 3) if n else None,
-        "p90_ms": round(float(np.percentile(lat, 90)), 3) if n else None,
-        "p99_ms": round(float(np.percentile(lat, 99)), 3) if n else None,
-    }
-    if n:
-        own_s = (own1.ru_utime - own0.ru_utime) + (own1.ru_stime - own0.ru_stime)
-        result["client_cpu_ms_per_request"] = round(own_s * 1e3 / n, 4)
-        if proc is not None:
-            cpu1 = proc.cpu_times()
-            result["server_cpu_ms_per_request"] = round(
-                ((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) * 1e3 / n, 4)
-    return result
-
-
-def install_uvloop() -> None:
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    return {"client": "rawload", "protocol": "http", "model": model, "concurrency": concurrency, "batch": batch,
+            **meter.fields(run.latencies, run.errors, batch)}
 
 
 def main() -> None:

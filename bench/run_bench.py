@@ -51,7 +51,7 @@ def emit(obj: dict) -> dict:
 
 
 def main() -> None:
-    rawload.install_uvloop()  # both load generators on uvloop, like the server
+    loadgen.install_uvloop()  # both load generators on uvloop, like the server
     p = argparse.ArgumentParser()
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--quick", action="store_true", help="short points (smoke run)")
