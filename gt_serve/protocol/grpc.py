@@ -274,11 +274,29 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 # auth
 
 
+def bearer_values(*tokens: str | None) -> list[bytes]:
+    """The `authorization` values that admit a call: `Bearer <token>` for each token given."""
+    return [f"Bearer {t}".encode() for t in tokens if t]
+
+
+def bearer_authorized(method: str, metadata, expected: list[bytes]) -> bool:
+    """Whether a call may proceed: health RPCs always; others with one of the `expected` values
+    in `authorization` (compared in constant time). Used by both gRPC transports."""
+    if method in _AUTH_EXEMPT:
+        return True
+    for key, value in metadata or ():
+        if key == "authorization":
+            if isinstance(value, str):
+                value = value.encode()
+            return any(hmac.compare_digest(value, want) for want in expected)
+    return False
+
+
 class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
     """Requires `authorization: Bearer <token>` on every RPC except ServerLive / ServerReady."""
 
     def __init__(self, *tokens: str) -> None:
-        self._expected = [f"Bearer {t}".encode() for t in tokens if t]
+        self._expected = bearer_values(*tokens)
         self._deny_unary = grpc.unary_unary_rpc_method_handler(self._deny)
         self._deny_stream = grpc.stream_stream_rpc_method_handler(self._deny)
 
@@ -286,17 +304,9 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
     async def _deny(request_or_iterator, context):
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token in 'authorization'")
 
-    def _authorized(self, metadata) -> bool:
-        for key, value in metadata or ():
-            if key == "authorization":
-                if isinstance(value, str):
-                    value = value.encode()
-                return any(hmac.compare_digest(value, expected) for expected in self._expected)
-        return False
-
     async def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method
-        if method in _AUTH_EXEMPT or self._authorized(handler_call_details.invocation_metadata):
+        if bearer_authorized(method, handler_call_details.invocation_metadata, self._expected):
             return await continuation(handler_call_details)
         return self._deny_stream if method == _STREAM_METHOD else self._deny_unary
 

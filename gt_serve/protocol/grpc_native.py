@@ -19,7 +19,6 @@ implemented: TLS, the h2c upgrade from HTTP/1.1, server push (gRPC uses none).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import struct
 import zlib
@@ -31,7 +30,7 @@ import grpc
 from hpack import Decoder
 from tritonclient.grpc import service_pb2 as pb
 
-from .grpc import _AUTH_EXEMPT, InferenceServicer
+from .grpc import InferenceServicer, bearer_authorized, bearer_values
 
 log = logging.getLogger(__name__)
 
@@ -737,18 +736,13 @@ class NativeGrpcServer:
         self.methods = _method_table(InferenceServicer(dataplane))
         self.max_message_bytes = max_message_bytes
         self.connections: set[GrpcH2Protocol] = set()
-        self._expected = [f"Bearer {t}".encode() for t in (auth_token, peer_token) if t] if auth_token else []
+        self._expected = bearer_values(auth_token, peer_token) if auth_token else []
         self._server: asyncio.base_events.Server | None = None
         self._idle: asyncio.Event | None = None
         self.port = 0
 
     def authorized(self, path: str, metadata: tuple) -> bool:
-        if not self._expected or path in _AUTH_EXEMPT:
-            return True
-        for key, value in metadata:
-            if key == "authorization":
-                return any(hmac.compare_digest(value.encode(), expected) for expected in self._expected)
-        return False
+        return not self._expected or bearer_authorized(path, metadata, self._expected)
 
     def stream_closed(self) -> None:
         if self._idle is not None and not any(c.active for c in self.connections):
