@@ -67,16 +67,18 @@ class BatchJob:
                 per_request.append(exc)
         return per_request, (t1 - t0, _now_ns() - t1, 0)
 
-    def _pack(self, arrays: list, loans: list):
-        """Pack into a pooled buffer (steady state allocates nothing); object arrays are packed plainly."""
+    def _pack(self, arrays: list, loans: list, pack=None):
+        """Pack (with `pack`, default the backend's) into a pooled buffer (steady state allocates
+        nothing); object arrays are packed plainly."""
+        pack = pack or self.backend.pack
         first = arrays[0]
         if self.pool is None or first.dtype == object:
-            return self.backend.pack(arrays)
+            return pack(arrays)
         rows = sum(a.shape[0] for a in arrays)
         shape = (rows, *first.shape[1:])
         loan = self.pool.acquire(shape=shape, dtype=first.dtype)
         loans.append(loan)
-        return self.backend.pack(arrays, out=loan.array(shape, first.dtype))
+        return pack(arrays, out=loan.array(shape, first.dtype))
 
 
 class SimpleArrayBackend:

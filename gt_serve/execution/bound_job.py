@@ -62,18 +62,10 @@ class BoundBatchJob(BatchJob):
         backend = self.backend
         if not all(isinstance(a, np.ndarray) for a in arrays):  # some already on the device
             return backend.pack(arrays)
-        first = arrays[0]
-        if len(arrays) == 1 and first.flags.c_contiguous:
-            host = first
-        else:
-            rows = sum(a.shape[0] for a in arrays)
-            shape = (rows, *first.shape[1:])
-            if self.pool is None:
-                host = np.concatenate(arrays, axis=0)
-            else:
-                loan = self.pool.acquire(shape=shape, dtype=first.dtype)
-                loans.append(loan)
-                host = np.concatenate(arrays, axis=0, out=loan.array(shape, first.dtype))
+        if len(arrays) == 1 and arrays[0].flags.c_contiguous:
+            host = arrays[0]
+        else:  # on the host, into a pooled (pinned on GPU hosts) buffer
+            host = self._pack(arrays, loans, SimpleArrayBackend.pack)
         return backend.from_host(host)
 
     def _download(self, array: Any) -> np.ndarray:
