@@ -38,10 +38,9 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 END_STREAM = ACK = 0x1
 END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
-STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL = 0x5, 0x6, 0x7, 0x8
-COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x9, 0xB
-SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
+NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x3, 0x6
+REFUSED_STREAM, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x7, 0x9, 0xB
+SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
 SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
 
 MAX_WINDOW = 2**31 - 1
@@ -55,13 +54,13 @@ _HEADER_CACHE_ENTRIES = 256
 _SERVICE = "/inference.GRPCInferenceService/"
 _GRPC_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
-_pack_header = struct.Struct(">I").pack  # used as 4 bytes after a 1-byte shift (see _frame)
+_u32 = struct.Struct(">I").pack  # stream ids, message lengths
 _unpack_u32 = struct.Struct(">I").unpack_from
 
 
 def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     n = len(payload)
-    return bytes((n >> 16 & 0xFF, n >> 8 & 0xFF, n & 0xFF, kind, flags)) + _pack_header(stream_id) + payload
+    return bytes((n >> 16 & 0xFF, n >> 8 & 0xFF, n & 0xFF, kind, flags)) + _u32(stream_id) + payload
 
 
 def _literal(name: bytes, value: bytes) -> bytes:
@@ -595,14 +594,14 @@ class GrpcH2Protocol(asyncio.Protocol):
             stream.headers_sent = True
             head = _frame(HEADERS, END_HEADERS, sid, _RESPONSE_HEADERS_BLOCK)
         size = len(body) + 5
-        prefix = b"\x00" + _pack_header(len(body))
+        prefix = b"\x00" + _u32(len(body))
         if last:
             stream.done = True
         if (not stream.pending and size <= self._peer.max_frame and size <= stream.send_window
                 and size <= self._conn_send_window):
             stream.send_window -= size
             self._conn_send_window -= size
-            parts = [head, bytes((size >> 16 & 0xFF, size >> 8 & 0xFF, size & 0xFF, DATA, 0)), _pack_header(sid),
+            parts = [head, bytes((size >> 16 & 0xFF, size >> 8 & 0xFF, size & 0xFF, DATA, 0)), _u32(sid),
                      prefix, body]
             if last:
                 parts.append(_frame(HEADERS, END_HEADERS | END_STREAM, sid, _OK_TRAILERS_BLOCK))
