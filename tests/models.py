@@ -28,6 +28,33 @@ def build_repository(root: Path) -> Path:
     return root
 
 
+def cnn_repository(root: Path, max_batch_size: int = 64, queue_size: int = 0) -> Path:
+    """`cnn` (batched, no queue delay, optional `max_queue_size`) and `simple`: a model slow enough
+    to keep requests queued or in flight, beside a fast one."""
+    root = Path(root)
+    mb.cnn(root / "cnn" / "1" / "model.onnx")
+    policy = f" default_queue_policy {{ max_queue_size: {queue_size} }}" if queue_size else ""
+    (root / "cnn" / "config.pbtxt").write_text(
+        f'name: "cnn"\nmax_batch_size: {max_batch_size}\n'
+        f'dynamic_batching {{ max_queue_delay_microseconds: 0{policy} }}\n'
+        # CPU lanes even where a GPU is present: the compute time is what keeps requests waiting
+        'instance_group [ { kind: KIND_CPU } ]\n')
+    mb.simple_add_sub(root / "simple" / "1" / "model.onnx")
+    (root / "simple" / "config.pbtxt").write_text(mb.SIMPLE_CONFIG)
+    return root
+
+
+def read_until_closed(sock) -> bytes:
+    """Everything a socket receives until the peer closes it (a reset counts as closed)."""
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
 def classifier_weights():
     import numpy as np
 

@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from tests.models import read_until_closed
+
 TIMEOUT_S = 30.0
 EXAMPLES = int(os.environ.get("GT_FUZZ_EXAMPLES", "150"))  # raise for a longer campaign
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -270,13 +272,7 @@ def exchange_raw(server, data: bytes) -> bytes:
             s.shutdown(socket.SHUT_WR)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the server may close first after a malformed head
-        reply = b""
-        try:
-            while chunk := s.recv(65536):
-                reply += chunk
-        except ConnectionResetError:
-            pass
-    return reply
+        return read_until_closed(s)
 
 
 raw_heads = st.sampled_from([

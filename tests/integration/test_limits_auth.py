@@ -12,7 +12,6 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -22,8 +21,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
-from gt_serve import model_builders as mb
 from tests.conftest import start_server
+from tests.models import cnn_repository, read_until_closed
 
 TIMEOUT_S = 30.0
 TOKEN = "s3cret-token"
@@ -59,18 +58,6 @@ def one_request(url: str, method: str, path: str, body=None, headers=None):
         return c.request(method, path, body, headers)
     finally:
         c.close()
-
-
-def cnn_repo(root: Path, queue_size: int = 0) -> Path:
-    mb.cnn(root / "cnn" / "1" / "model.onnx")
-    policy = f" default_queue_policy {{ max_queue_size: {queue_size} }}" if queue_size else ""
-    (root / "cnn" / "config.pbtxt").write_text(
-        f'name: "cnn"\nmax_batch_size: 64\ndynamic_batching {{ max_queue_delay_microseconds: 0{policy} }}\n'
-        # CPU lanes even where a GPU is present: the compute time is what makes requests queue up
-        'instance_group [ { kind: KIND_CPU } ]\n')
-    mb.simple_add_sub(root / "simple" / "1" / "model.onnx")
-    (root / "simple" / "config.pbtxt").write_text(mb.SIMPLE_CONFIG)
-    return root
 
 
 def cnn_body() -> tuple[bytes, dict]:
@@ -173,7 +160,7 @@ def test_compressed_body_inflating_past_the_limit_is_refused(small_body_server):
 
 
 def test_full_queue_answers_503_and_loses_nothing(tmp_path):
-    repo = cnn_repo(tmp_path / "repo", queue_size=1)
+    repo = cnn_repository(tmp_path / "repo", queue_size=1)
     with start_server(repo, tmp_path) as srv:
         results = flood(srv.http_url, FLOOD)
         ok = [r for status, r in results if status == 200]
@@ -196,7 +183,7 @@ def test_full_queue_answers_503_and_loses_nothing(tmp_path):
 def test_request_timeout_rejects_requests_stuck_in_the_queue(tmp_path):
     """Two lanes, 12 requests of ~50 ms each and a 20 ms deadline: the first two run (a request
     never expires once it runs), requests still queued at their deadline get 504."""
-    repo = cnn_repo(tmp_path / "repo")
+    repo = cnn_repository(tmp_path / "repo")
     with start_server(repo, tmp_path, "--request-timeout-ms", "20") as srv:
         results = flood(srv.http_url, FLOOD)
         ok = [r for status, r in results if status == 200]
@@ -307,16 +294,6 @@ def test_metrics_port_needs_no_token(auth_server):
 
 # ---------------------------------------------------------------------------------------------
 # --max-connections
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    data = b""
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except ConnectionResetError:
-        pass
-    return data
 
 
 def test_connection_over_the_limit_is_refused_cleanly(model_repo, tmp_path):

@@ -23,26 +23,14 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from gt_serve import model_builders as mb
 from tests.conftest import start_server
+from tests.models import cnn_repository
 
 TIMEOUT_S = 30.0
 BATCH = 32
 N_HTTP = 6
 N_GRPC = 6
 EXIT_DEADLINE_S = 20.0
-
-
-def cnn_repo(root: Path) -> Path:
-    mb.cnn(root / "cnn" / "1" / "model.onnx")
-    # max_batch_size = one request's batch: requests never merge, each occupies a lane on its own
-    (root / "cnn" / "config.pbtxt").write_text(
-        f'name: "cnn"\nmax_batch_size: {BATCH}\ndynamic_batching {{ max_queue_delay_microseconds: 0 }}\n'
-        # CPU lanes even where a GPU is present: the compute time is what keeps requests in flight
-        'instance_group [ { kind: KIND_CPU } ]\n')
-    mb.simple_add_sub(root / "simple" / "1" / "model.onnx")
-    (root / "simple" / "config.pbtxt").write_text(mb.SIMPLE_CONFIG)
-    return root
 
 
 def status_json(srv) -> dict:
@@ -76,7 +64,8 @@ class Burst:
     """N_HTTP + N_GRPC cnn requests released together against a fresh server over `repo`."""
 
     def __init__(self, tmp_path: Path) -> None:
-        self.repo = cnn_repo(tmp_path / "repo")
+        # max_batch_size = one request's batch: requests never merge, each occupies a lane on its own
+        self.repo = cnn_repository(tmp_path / "repo", max_batch_size=BATCH)
         self.x = np.random.default_rng(0).random((BATCH, 3, 64, 64), dtype=np.float32)
         session = ort.InferenceSession(str(self.repo / "cnn" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
         self.expected = session.run(None, {"INPUT": self.x})[0]
