@@ -43,6 +43,14 @@ class ModelNotFound(GtServeError):
     code = Code.INVALID_ARGUMENT
 
 
+class PathNotAllowed(InvalidArgument):
+    """A model name or a file path (config field, upload key) that could reach outside the model directory."""
+
+
+class InvalidModelFile(InvalidArgument):
+    """A model file the backend cannot load: not a valid ONNX model."""
+
+
 class NotFound(GtServeError):
     code = Code.NOT_FOUND
 

@@ -165,6 +165,9 @@ def split_model(model_path: Path, cuts: Sequence[Sequence[str]], name: str, out_
         stage_dir = out_dir / plan.name
         if stage_dir.exists():
             raise ShardError(f"'{stage_dir}' exists already: remove it or choose another --name")
+    for out in source.output if source is not None else ():  # refused before anything is written
+        if out.label_filename:
+            _confined(model_path.parent.parent, out.label_filename, name)
     for plan in plans:
         stage_dir = out_dir / plan.name
         (stage_dir / "1").mkdir(parents=True)
@@ -174,10 +177,27 @@ def split_model(model_path: Path, cuts: Sequence[Sequence[str]], name: str, out_
         (stage_dir / "config.pbtxt").write_text(text_format.MessageToString(cfg))
         for out in cfg.output:  # labels of a kept output travel with it
             if out.label_filename and source is not None:
-                src = model_path.parent.parent / out.label_filename
-                if src.is_file():
-                    shutil.copyfile(src, stage_dir / out.label_filename)
+                _copy_labels(model_path.parent.parent, stage_dir, out.label_filename, plan.name)
     return plans
+
+
+def _copy_labels(source_dir: Path, stage_dir: Path, label_filename: str, stage: str) -> None:
+    """Copy a label file that lies inside the source model's directory to the same place in the stage's."""
+    src = _confined(source_dir, label_filename, stage)
+    dst = _confined(stage_dir, label_filename, stage)
+    if src.is_file():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+
+
+def _confined(directory: Path, label_filename: str, model: str) -> Path:
+    from .core.repository_paths import confine
+    from .errors import PathNotAllowed
+
+    try:
+        return confine(directory, label_filename, model=model, what="label_filename")
+    except PathNotAllowed as exc:
+        raise ShardError(str(exc)) from None
 
 
 def pipeline_yaml(name: str, plans: Sequence[StagePlan]) -> str:

@@ -2,6 +2,8 @@
 ONNX graph the Triton way, and the derived per-model specs the data plane validates against."""
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -11,8 +13,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import ConfigError, InvalidArgument
 from ..types import TensorSpec
+from .repository_paths import confine, shown
 
 DEFAULT_MAX_BATCH_SIZE = 4  # Triton's default when auto-completing a batching model
+MAX_LABEL_FILE_BYTES = 16 * 1024 * 1024
 
 _V2_TO_TYPE = {
     "BOOL": mc.TYPE_BOOL, "UINT8": mc.TYPE_UINT8, "UINT16": mc.TYPE_UINT16, "UINT32": mc.TYPE_UINT32,
@@ -44,7 +48,7 @@ def parse_json_override(text: str, name: str) -> mc.ModelConfig:
     try:
         json_format.Parse(text, cfg, ignore_unknown_fields=False)
     except (json_format.ParseError, ValueError) as exc:
-        raise InvalidArgument(f"failed to load '{name}': invalid config override: {exc}") from None
+        raise InvalidArgument(f"invalid config override: {exc}") from None
     return cfg
 
 
@@ -122,16 +126,26 @@ def spec_from_config(cfg: mc.ModelConfig, model_dir: Path) -> ModelSpec:
         return {t.name: TensorSpec(t.name, v2_from_config_type(t.data_type), tuple(int(d) for d in t.dims),
                                    bool(getattr(t, "optional", False))) for t in tensors}
 
-    labels: dict[str, list[str]] = {}
-    for out in cfg.output:
-        if out.label_filename:
-            path = model_dir / out.label_filename
-            try:
-                labels[out.name] = [line.rstrip("\n") for line in path.read_text().splitlines()]
-            except OSError:
-                raise ConfigError(f"model '{cfg.name}': label file '{out.label_filename}' cannot be read") from None
+    labels = {out.name: read_labels(model_dir, out.label_filename, cfg.name) for out in cfg.output if out.label_filename}
     return ModelSpec(cfg.name, int(cfg.max_batch_size), specs(cfg.input), specs(cfg.output),
                      tuple(t.name for t in cfg.input), tuple(t.name for t in cfg.output), labels)
+
+
+def read_labels(model_dir: Path, label_filename: str, model: str) -> list[str]:
+    """The lines of a label file, which must be a regular file inside the model directory."""
+    path = confine(model_dir, label_filename, model=model, what="label_filename")
+    try:
+        # non-blocking: a FIFO is refused below instead of hanging the load; the real path has no link left
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise OSError("not a regular file")
+            data = fh.read(MAX_LABEL_FILE_BYTES + 1)
+        if len(data) > MAX_LABEL_FILE_BYTES:
+            raise OSError("too large")
+        return data.decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        raise ConfigError(f"model '{model}': label file '{shown(label_filename)}' cannot be read as UTF-8 text "
+                          f"of at most {MAX_LABEL_FILE_BYTES} bytes") from None
 
 
 def config_mentions_batching(text: str) -> bool:

@@ -8,17 +8,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..errors import ConfigError, GtServeError, InvalidArgument, ModelNotFound, Unavailable
+from ..errors import (Code, GtServeError, Internal, InvalidArgument, InvalidModelFile, ModelNotFound, PathNotAllowed,
+                      Unavailable)
 from .model_config import (Describe, ModelSpec, complete_config, config_mentions_batching, parse_json_override,
                            parse_pbtxt, spec_from_config)
+from .repository_paths import NAME_RULE, UploadArea, check_config_paths, confine, is_plain_name, shown
 from .statistics import ModelStats
 
 log = logging.getLogger(__name__)
@@ -58,16 +58,19 @@ class ModelEntry:
     versions: dict[str, LoadedModel] = field(default_factory=dict)
     latest: LoadedModel | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    tmp_dir: Path | None = None
+    uploaded: bool = False  # its versions came from files uploaded with the load request
 
 
 class ModelRegistry:
-    def __init__(self, repository: Path, describe: Describe, host: ModelHost, *, drain_timeout_s: float = 30.0) -> None:
+    def __init__(self, repository: Path, describe: Describe, host: ModelHost, *, drain_timeout_s: float = 30.0,
+                 uploads: UploadArea | None = None) -> None:
         self.repository = Path(repository)
         self._describe = describe
         self._host = host
         self._drain_timeout_s = drain_timeout_s
         self._entries: dict[str, ModelEntry] = {}
+        self._uploads = uploads if uploads is not None else UploadArea()
+        self._uploads.sweep_stale()
 
     # -- lookups (hot path) -------------------------------------------------------------------
     def get(self, name: str, version: str = "") -> LoadedModel:
@@ -100,10 +103,13 @@ class ModelRegistry:
     def scan(self) -> list[str]:
         if not self.repository.is_dir():
             return []
-        return sorted(p.name for p in self.repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+        return sorted(p.name for p in self.repository.iterdir() if is_plain_name(p.name) and p.is_dir())
 
     def _on_disk(self, name: str) -> bool:
-        return (self.repository / name).is_dir() or (name in self._entries and self._entries[name].tmp_dir is not None)
+        """A model directory in the repository, or uploaded files: only ever a plain name, a direct child."""
+        if not is_plain_name(name):
+            return False
+        return (self.repository / name).is_dir() or (name in self._entries and self._entries[name].uploaded)
 
     def index(self, ready_only: bool = False) -> list[dict]:
         rows = []
@@ -123,48 +129,41 @@ class ModelRegistry:
 
     # -- load / unload --------------------------------------------------------------------------
     async def load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
-        if not name or "/" in name or name.startswith("."):
-            raise InvalidArgument(f"failed to load '{name}': invalid model name")
+        if not is_plain_name(name):
+            if files:
+                raise PathNotAllowed(f"failed to load '{shown(name)}': invalid model name ({NAME_RULE})")
+            raise _no_model_dir(name)  # the answer for any unknown name: nothing outside is looked at
+        if files and config_json is None:
+            raise InvalidArgument(f"failed to load '{name}': file overrides need a 'config' parameter")
         entry = self._entries.setdefault(name, ModelEntry(name))
         async with entry.lock:
-            model_dir = self.repository / name
-            tmp_dir = None
-            if files:
-                if config_json is None:
-                    raise InvalidArgument(f"failed to load '{name}': file overrides need a 'config' parameter")
-                tmp_dir = Path(tempfile.mkdtemp(prefix=f"gt_serve_{name}_"))
-                for key, data in files.items():
-                    rel = Path(key[len("file:"):])
-                    if rel.is_absolute() or ".." in rel.parts:
-                        raise InvalidArgument(f"failed to load '{name}': invalid file override path '{key}'")
-                    (tmp_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-                    (tmp_dir / rel).write_bytes(data)
-                model_dir = tmp_dir
-            elif not model_dir.is_dir():
-                if not entry.versions:
-                    self._entries.pop(name, None)
-                raise InvalidArgument(f"failed to load '{name}': no model directory '{name}' in the repository")
-            entry.state, entry.reason = LOADING, ""
+            model_dir = upload_dir = None if files else self.repository / name
+            if model_dir is not None and not model_dir.is_dir():
+                if not entry.versions and self._entries.get(name) is entry:
+                    self._entries.pop(name)
+                raise _no_model_dir(name)
             try:
+                if files:
+                    model_dir = upload_dir = await asyncio.to_thread(self._uploads.write, name, files)
+                entry.state, entry.reason = LOADING, ""
                 new_versions = await asyncio.to_thread(self._open_versions, name, model_dir, config_json)
-            except GtServeError as exc:
-                entry.state, entry.reason = (READY, "") if entry.versions else (UNAVAILABLE, str(exc))
-                if tmp_dir:
-                    shutil.rmtree(tmp_dir, ignore_errors=True)
-                if isinstance(exc, ConfigError) or not str(exc).startswith("failed to load"):
-                    raise InvalidArgument(f"failed to load '{name}': {exc}") from None
-                raise
+            except BaseException as exc:
+                error = _load_error(name, exc)
+                entry.state, entry.reason = (READY, "") if entry.versions else (UNAVAILABLE, str(error or "cancelled"))
+                if error is None:
+                    raise
+                raise error from None
+            finally:
+                if upload_dir is not None:  # sessions hold what they need: uploaded bytes never outlive the load
+                    self._uploads.remove(upload_dir)
             old = list(entry.versions.values())
-            old_tmp = entry.tmp_dir
             entry.versions = new_versions
             entry.latest = new_versions[max(new_versions, key=int)]
-            entry.state, entry.reason, entry.tmp_dir = READY, "", tmp_dir
+            entry.state, entry.reason, entry.uploaded = READY, "", upload_dir is not None
             for model in new_versions.values():
                 model.state = READY
             for model in old:
                 await self._close(model, "unloaded (replaced by a reload)")
-            if old_tmp:
-                shutil.rmtree(old_tmp, ignore_errors=True)
         log.info("loaded model %s versions %s", name, ",".join(sorted(new_versions, key=int)))
 
     def _open_versions(self, name: str, model_dir: Path, config_json: str | None) -> dict[str, LoadedModel]:
@@ -178,21 +177,23 @@ class ModelRegistry:
             explicit = config_mentions_batching(text)
         else:
             base, explicit = mc.ModelConfig(), False
+        check_config_paths(base, name)
         filename = base.default_model_filename or "model.onnx"
         available = sorted((int(p.name) for p in model_dir.iterdir()
                             if p.is_dir() and p.name.isascii() and p.name.isdigit() and (p / filename).is_file()), reverse=True)
         if not available:
-            raise InvalidArgument(f"failed to load '{name}': no version directory with {filename} under '{model_dir}'")
-        chosen = _apply_version_policy(base, available, name)
-        graph_in, graph_out = self._describe(str(model_dir / str(chosen[0]) / filename))
+            raise InvalidArgument(f"no version directory with '{shown(filename)}' in the model directory")
+        chosen = _apply_version_policy(base, available)
+        paths = {v: confine(model_dir, f"{v}/{filename}", model=name, what="default_model_filename") for v in chosen}
+        graph_in, graph_out = self._describe_file(name, model_dir, paths[chosen[0]])
         opened: dict[str, LoadedModel] = {}
         try:
             for version in chosen:
                 cfg = mc.ModelConfig()
                 cfg.CopyFrom(base)
-                path = model_dir / str(version) / filename
+                path = paths[version]
                 if version != chosen[0]:
-                    graph_in, graph_out = self._describe(str(path))
+                    graph_in, graph_out = self._describe_file(name, model_dir, path)
                 complete_config(cfg, name, graph_in, graph_out, explicit)
                 spec = spec_from_config(cfg, model_dir)
                 model = LoadedModel(name, str(version), path, cfg, spec, ModelStats(name, str(version)))
@@ -203,14 +204,25 @@ class ModelRegistry:
                 _close_quietly(self._host, model)
             if isinstance(exc, GtServeError):
                 raise
-            raise InvalidArgument(f"failed to load '{name}': {type(exc).__name__}: {exc}") from None
+            raise InvalidArgument(f"{type(exc).__name__}: {_without_dir(str(exc), model_dir)}") from None
         return opened
 
+    def _describe_file(self, name: str, model_dir: Path, path: Path) -> tuple[list, list]:
+        """The graph's inputs and outputs; a file the backend cannot parse is the client's error, not ours."""
+        try:
+            return self._describe(str(path))
+        except GtServeError:
+            raise
+        except Exception as exc:
+            relative = _without_dir(str(path), model_dir)
+            raise InvalidModelFile(f"model '{name}': '{relative}' is not a valid ONNX model "
+                                   f"({_without_dir(str(exc), model_dir)})") from None
+
     async def unload(self, name: str) -> None:
-        entry = self._entries.get(name)
+        entry = self._entries.get(name) if is_plain_name(name) else None
         if entry is None:
             if not self._on_disk(name):
-                raise InvalidArgument(f"failed to unload '{name}': unknown model")
+                raise InvalidArgument(f"failed to unload '{shown(name)}': unknown model")
             return
         async with entry.lock:
             models = list(entry.versions.values())
@@ -218,10 +230,7 @@ class ModelRegistry:
             entry.state, entry.reason = UNLOADING, ""
             for model in models:
                 await self._close(model, "unloaded")
-            entry.state, entry.reason = UNAVAILABLE, "unloaded"
-            if entry.tmp_dir:
-                shutil.rmtree(entry.tmp_dir, ignore_errors=True)
-                entry.tmp_dir = None
+            entry.state, entry.reason, entry.uploaded = UNAVAILABLE, "unloaded", False
         log.info("unloaded model %s", name)
 
     async def _close(self, model: LoadedModel, reason: str) -> None:
@@ -232,11 +241,14 @@ class ModelRegistry:
             model.state, model.reason = UNAVAILABLE, reason
 
     async def close_all(self) -> None:
-        for name in list(self._entries):
-            await self.unload(name)
+        try:
+            for name in list(self._entries):
+                await self.unload(name)
+        finally:
+            self._uploads.close()
 
 
-def _apply_version_policy(cfg: mc.ModelConfig, available: list[int], name: str) -> list[int]:
+def _apply_version_policy(cfg: mc.ModelConfig, available: list[int]) -> list[int]:
     policy = cfg.version_policy
     which = policy.WhichOneof("policy_choice")
     if which == "all":
@@ -245,10 +257,37 @@ def _apply_version_policy(cfg: mc.ModelConfig, available: list[int], name: str) 
         wanted = [int(v) for v in policy.specific.versions]
         missing = [v for v in wanted if v not in available]
         if missing:
-            raise InvalidArgument(f"failed to load '{name}': versions {missing} named by the version policy are missing")
+            raise InvalidArgument(f"versions {missing} named by the version policy are missing")
         return sorted(wanted, reverse=True)
     num = policy.latest.num_versions if which == "latest" and policy.latest.num_versions > 0 else 1
     return available[:num]
+
+
+def _no_model_dir(name: str) -> InvalidArgument:
+    return InvalidArgument(f"failed to load '{shown(name)}': no model directory '{shown(name)}' in the repository")
+
+
+def _load_error(name: str, exc: BaseException) -> GtServeError | None:
+    """What a failed load answers: the cause's kind, its message after "failed to load 'NAME': "
+    (once); None for a cancellation, which goes on as it is."""
+    if not isinstance(exc, Exception):
+        return None
+    if not isinstance(exc, GtServeError):
+        log.error("loading model %s failed", name, exc_info=(type(exc), exc, exc.__traceback__))
+        return Internal(f"failed to load '{name}': internal error ({type(exc).__name__}), see the server log")
+    message = f"failed to load '{name}': {exc.message}"
+    if isinstance(exc, (InvalidModelFile, PathNotAllowed)):
+        return type(exc)(message)
+    if exc.code is Code.INVALID_ARGUMENT:
+        return InvalidArgument(message)
+    return GtServeError(message, code=exc.code)
+
+
+def _without_dir(text: str, directory: Path) -> str:
+    """A backend's message with the model directory's server-side path taken out."""
+    for form in {str(directory), str(Path(directory).resolve())}:
+        text = text.replace(form + "/", "").replace(form, "<model directory>")
+    return text
 
 
 def _close_quietly(host: ModelHost, model: LoadedModel) -> None:
