@@ -252,11 +252,9 @@ class DataPlane:
         region = p.get("shared_memory_region")
         if not region:
             raise InvalidArgument(f"input '{tensor.name}' has no data")
-        size = p.get("shared_memory_byte_size")
-        if not isinstance(size, int) or isinstance(size, bool):
+        if "shared_memory_byte_size" not in p:
             raise InvalidArgument(f"input '{tensor.name}': 'shared_memory_byte_size' is required with a shared memory region")
-        offset = p.get("shared_memory_offset", 0)
-        raw = self.shm.read(str(region), int(offset), size, tensor.name)
+        raw = self.shm.read(region, p.get("shared_memory_offset", 0), p["shared_memory_byte_size"], tensor.name)
         return array_from_raw(tensor.name, tensor.datatype, tuple(tensor.shape), raw)
 
     def _check_outputs(self, model: LoadedModel, outputs: list[RequestedOutput] | None):
@@ -273,8 +271,12 @@ class DataPlane:
             k = out.parameters.get("classification")
             if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
                 raise InvalidArgument(f"output '{out.name}': 'classification' must be a positive integer, got {k!r}")
-            if k is not None and out.parameters.get("shared_memory_region"):
+            region = out.parameters.get("shared_memory_region")
+            if k is not None and region:
                 raise InvalidArgument(f"output '{out.name}': classification cannot be written to shared memory")
+            if region:
+                self.shm.check(region, out.parameters.get("shared_memory_offset", 0),
+                               out.parameters.get("shared_memory_byte_size"), f"output '{out.name}'")
         return outputs
 
     def _make_outputs(self, model: LoadedModel, arrays: list[np.ndarray], requested) -> list[Tensor]:
@@ -294,12 +296,9 @@ class DataPlane:
                 datatype = "BYTES"
             region = params.get("shared_memory_region")
             if region:
-                size = params.get("shared_memory_byte_size")
-                if not isinstance(size, int) or isinstance(size, bool):
-                    raise InvalidArgument(f"output '{out.name}': 'shared_memory_byte_size' is required with a "
-                                          "shared memory region")
                 raw = raw_from_array(array, datatype)
-                self.shm.write(str(region), int(params.get("shared_memory_offset", 0)), raw, size, out.name)
+                self.shm.write(region, params.get("shared_memory_offset", 0), raw,
+                               params.get("shared_memory_byte_size"), out.name)
                 shm_params = {k2: v for k2, v in params.items() if k2.startswith("shared_memory_")}
                 result.append(Tensor(out.name, datatype, array.shape, None, shm_params))
             else:

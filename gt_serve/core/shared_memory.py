@@ -1,16 +1,33 @@
 """System shared memory regions (POSIX shm under /dev/shm), registered by name.
 
-Regions are re-validated and re-opened on each use (a client may recreate them); reads and writes
-use pread/pwrite on a file descriptor, so nothing stays mapped between requests.
+Regions are re-opened and re-validated on each use (a client may recreate them); reads and writes
+use pread/pwrite on a file descriptor, so nothing stays mapped between requests and a region that
+is truncated later cannot raise SIGBUS here: it is refused by the size check before the copy.
+
+The rules (what Triton's shm_open-based registration implies, made explicit):
+- a key is `/name` or `name`: one path component directly in /dev/shm, no further '/', no NUL,
+  not '.' or '..', at most NAME_MAX (255) bytes of UTF-8;
+- the object is opened with O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY (a planted symlink is
+  refused, a planted FIFO cannot block the server) and fstat-ed: it must be a regular file on the
+  shm filesystem, owned by the server's effective uid (Triton clients create regions as the same
+  user; another owner is refused);
+- offset and byte_size are integers in [0, 2**63) (byte_size at least 1 at registration), and
+  offset + byte_size must fit the object's size, at registration and again at every read/write.
 """
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from dataclasses import dataclass
 
 from ..errors import AlreadyExists, InvalidArgument
 
 SHM_ROOT = "/dev/shm"
+MAX_KEY_BYTES = 255  # NAME_MAX: what shm_open accepts for the name after the leading '/'
+MAX_NAME_CHARS = 1024  # region names are only dictionary keys; bounded so a request cannot store megabytes
+MAX_EXTENT = 2**63 - 1  # off_t
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
 
 @dataclass(frozen=True)
@@ -24,32 +41,61 @@ class Region:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
 
-def _path_for_key(key: str) -> str:
+def check_key(key: object, what: str = "shared memory region") -> str:
+    """The file name in the shm directory for `key`, or InvalidArgument naming 'key'."""
+    if not isinstance(key, str) or not key:
+        raise InvalidArgument(f"{what}: 'key' must be a non-empty string, got {key!r}")
     rel = key[1:] if key.startswith("/") else key
+    shown = repr(key[:64]) + ("..." if len(key) > 64 else "")
+    if "\x00" in key:
+        raise InvalidArgument(f"{what}: 'key' {shown} contains a NUL character")
     if not rel or "/" in rel or rel in (".", ".."):
-        raise InvalidArgument(f"invalid shared memory key '{key}'")
-    return os.path.join(SHM_ROOT, rel)
+        raise InvalidArgument(f"{what}: 'key' {shown} must be '/name' or 'name' with no further '/'")
+    try:
+        size_bytes = len(rel.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{what}: 'key' {shown} is not valid UTF-8") from None
+    if size_bytes > MAX_KEY_BYTES:
+        raise InvalidArgument(f"{what}: 'key' is {size_bytes} bytes long; the limit is {MAX_KEY_BYTES}")
+    return rel
+
+
+def check_extent(field: str, value: object, what: str, minimum: int = 0) -> int:
+    """An offset or byte size: an int in [minimum, 2**63), or InvalidArgument naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_EXTENT:
+        shown = repr(value) if not isinstance(value, str) else repr(value[:64])
+        bound = "a positive" if minimum > 0 else "a non-negative"
+        raise InvalidArgument(f"{what}: '{field}' must be {bound} integer below 2**63, got {shown}")
+    return value
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument("shared memory region name must not be empty")
+    if len(name) > MAX_NAME_CHARS:
+        raise InvalidArgument(f"shared memory region name is {len(name)} characters long; "
+                              f"the limit is {MAX_NAME_CHARS}")
+    return name
 
 
 class SystemSharedMemory:
-    def __init__(self) -> None:
+    def __init__(self, root: str = SHM_ROOT) -> None:
+        self._root = root
         self._regions: dict[str, Region] = {}
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        if not name:
-            raise InvalidArgument("shared memory region name must not be empty")
+        name = check_name(name)
+        what = f"shared memory region '{name}'"
+        offset = check_extent("offset", offset, what)
+        byte_size = check_extent("byte_size", byte_size, what, minimum=1)
         if name in self._regions:
-            raise AlreadyExists(f"shared memory region '{name}' is already registered")
-        if offset < 0 or byte_size <= 0:
-            raise InvalidArgument(f"shared memory region '{name}': invalid offset {offset} or byte_size {byte_size}")
-        path = _path_for_key(key)
+            raise AlreadyExists(f"{what} is already registered")
+        check_key(key, what)
+        fd = self._open(key, what, writable=False)
         try:
-            size = os.stat(path).st_size
-        except OSError:
-            raise InvalidArgument(f"unable to open shared memory region '{name}': key '{key}' does not exist") from None
-        if offset + byte_size > size:
-            raise InvalidArgument(f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
-                                  f"exceeds the {size}-byte object '{key}'")
+            self._check_fits(fd, offset + byte_size, what, key)
+        finally:
+            os.close(fd)
         self._regions[name] = Region(name, key, offset, byte_size)
 
     def unregister(self, name: str = "") -> None:
@@ -66,43 +112,89 @@ class SystemSharedMemory:
             return [region.as_dict()]
         return [r.as_dict() for r in self._regions.values()]
 
-    def _locate(self, name: str, offset: int, nbytes: int, tensor: str) -> tuple[str, int]:
-        region = self._regions.get(name)
-        if region is None:
-            raise InvalidArgument(f"tensor '{tensor}': shared memory region '{name}' is not registered")
-        if offset < 0 or nbytes < 0 or offset + nbytes > region.byte_size:
-            raise InvalidArgument(f"tensor '{tensor}': offset {offset} + size {nbytes} is outside shared memory "
-                                  f"region '{name}' ({region.byte_size} bytes)")
-        return _path_for_key(region.key), region.offset + offset
-
-    def read(self, name: str, offset: int, nbytes: int, tensor: str) -> bytes:
-        path, start = self._locate(name, offset, nbytes, tensor)
+    def read(self, name: str, offset: object, nbytes: object, tensor: str) -> bytes:
+        what = f"input '{tensor}'"
+        region, start, nbytes = self._locate(name, offset, nbytes, what)
+        fd = self._open(region.key, f"{what}: shared memory region '{name}'", writable=False)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            raise InvalidArgument(f"tensor '{tensor}': shared memory region '{name}' no longer exists") from None
-        try:
+            self._check_fits(fd, start + nbytes, f"{what}: shared memory region '{name}'", region.key)
             data = os.pread(fd, nbytes, start)
         finally:
             os.close(fd)
-        if len(data) != nbytes:
-            raise InvalidArgument(f"tensor '{tensor}': shared memory region '{name}' is shorter than registered")
+        if len(data) != nbytes:  # truncated between fstat and pread
+            raise InvalidArgument(f"{what}: shared memory region '{name}' is shorter than registered")
         return data
 
-    def write(self, name: str, offset: int, data, capacity: int, tensor: str) -> None:
-        nbytes = len(data)
+    def write(self, name: str, offset: object, data, capacity: object, tensor: str) -> None:
+        what = f"output '{tensor}'"
+        region, start, capacity = self._locate(name, offset, capacity, what)
+        nbytes = len(data) if not isinstance(data, memoryview) else data.nbytes
         if nbytes > capacity:
-            raise InvalidArgument(f"output '{tensor}': {nbytes} bytes do not fit the {capacity} bytes given for "
+            raise InvalidArgument(f"{what}: {nbytes} bytes do not fit the {capacity} bytes given for "
                                   f"shared memory region '{name}'")
-        path, start = self._locate(name, offset, capacity, tensor)
+        fd = self._open(region.key, f"{what}: shared memory region '{name}'", writable=True)
         try:
-            fd = os.open(path, os.O_RDWR)
-        except OSError:
-            raise InvalidArgument(f"output '{tensor}': shared memory region '{name}' no longer exists") from None
-        try:
+            self._check_fits(fd, start + capacity, f"{what}: shared memory region '{name}'", region.key)
             os.pwrite(fd, data, start)
         finally:
             os.close(fd)
+
+    def check(self, name: object, offset: object, nbytes: object, what: str) -> None:
+        """Validate a tensor's region, offset and size before the model runs (no file access)."""
+        self._locate(name, offset, nbytes, what)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _locate(self, name: object, offset: object, nbytes: object, what: str) -> tuple[Region, int, int]:
+        region = self._regions.get(name) if isinstance(name, str) else None
+        if region is None:
+            raise InvalidArgument(f"{what}: shared memory region '{name}' is not registered")
+        offset = check_extent("shared_memory_offset", offset, what)
+        nbytes = check_extent("shared_memory_byte_size", nbytes, what)
+        if offset + nbytes > region.byte_size:
+            raise InvalidArgument(f"{what}: shared_memory_offset {offset} + shared_memory_byte_size {nbytes} is "
+                                  f"outside shared memory region '{name}' ({region.byte_size} bytes)")
+        return region, region.offset + offset, nbytes
+
+    def _open(self, key: str, what: str, writable: bool) -> int:
+        """Open the region's object without following links and check it is ours to use."""
+        path = os.path.join(self._root, check_key(key, what))
+        try:
+            fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | _OPEN_FLAGS)
+        except OSError as exc:
+            raise InvalidArgument(f"{what}: unable to open shared memory key '{key}': "
+                                  f"{_open_reason(exc)}") from None
+        try:
+            self._check_object(os.fstat(fd), key, what)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _check_object(self, st: os.stat_result, key: str, what: str) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidArgument(f"{what}: shared memory key '{key}' is not a regular shared memory object")
+        if st.st_dev != os.stat(self._root).st_dev:
+            raise InvalidArgument(f"{what}: shared memory key '{key}' is not on the shared memory filesystem")
+        if st.st_uid != os.geteuid():
+            raise InvalidArgument(f"{what}: shared memory key '{key}' is owned by uid {st.st_uid}, not by the "
+                                  f"server's uid {os.geteuid()}")
+
+    @staticmethod
+    def _check_fits(fd: int, end: int, what: str, key: str) -> None:
+        size = os.fstat(fd).st_size
+        if end > size:
+            raise InvalidArgument(f"{what}: offset + byte_size ({end} bytes) exceeds the {size}-byte "
+                                  f"shared memory object '{key}'")
+
+
+def _open_reason(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "it is a symbolic link (refused)"
+    if exc.errno == errno.ENOENT:
+        return "it does not exist"
+    if exc.errno == errno.ENXIO:
+        return "it is not a regular shared memory object"
+    return exc.strerror or type(exc).__name__
 
 
 class CudaSharedMemory:
@@ -113,7 +205,7 @@ class CudaSharedMemory:
 
     def register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         raise InvalidArgument(f"cannot register CUDA shared memory region '{name}': CUDA shared memory is not "
-                          "supported by this server" + ("" if self.gpu_available else " (no GPU present)"))
+                              "supported by this server" + ("" if self.gpu_available else " (no GPU present)"))
 
     def unregister(self, name: str = "") -> None:
         return None

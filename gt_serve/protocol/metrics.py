@@ -3,9 +3,18 @@
 Nothing is counted per request for metrics: a collector reads the per-batch statistics, lanes,
 energy accounting and peer view at scrape time. Triton's metric names where they exist
 (nv_inference_*, nv_gpu_*, nv_energy_consumption), gt_* for ours.
+
+Auth (server.metrics_auth, see config.metrics_bearer_token): when the port has a token, every route
+(/metrics, /status.json, the status page) needs `Authorization: Bearer TOKEN` (Prometheus:
+`authorization: {credentials_file: ...}`) or HTTP Basic with TOKEN as the password (any user name),
+so a browser can open the status page: its HTML routes challenge with Basic, the others with Bearer.
+Probes use the HTTP port's /v2/health/*, which stays open.
 """
 from __future__ import annotations
 
+import base64
+import binascii
+import hmac
 import time
 from typing import Any
 
@@ -136,11 +145,41 @@ def status_snapshot(app: Any) -> dict:
     return out
 
 
+_REALM = 'realm="gt_serve metrics"'
+_HTML_ROUTES = frozenset({"/", "/status"})
+
+
+class TokenCheck:
+    """Bearer TOKEN or Basic (any user, TOKEN as password), compared in constant time."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+    def allows(self, authorization: str) -> bool:
+        scheme, _, credentials = authorization.strip().partition(" ")
+        got = credentials.strip().encode("latin-1", "replace")
+        if scheme.lower() == "basic":
+            try:
+                got = base64.b64decode(got, validate=True).partition(b":")[2]
+            except (binascii.Error, ValueError):
+                return False
+        elif scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(got, self._token)
+
+
+def _unauthorized(path: str) -> Response:
+    scheme = "Basic" if path in _HTML_ROUTES else "Bearer"
+    return json_error(401, "missing or invalid credentials for the metrics port",
+                      {"WWW-Authenticate": f"{scheme} {_REALM}"})
+
+
 class MetricsFrontEnd:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, auth_token: str | None = None) -> None:
         self.app = app
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ServerCollector(app))
+        self._auth = TokenCheck(auth_token) if auth_token else None
         self.server = HttpServer(self._handle, max_body_bytes=64 * 1024, max_connections=64)
 
     @property
@@ -148,6 +187,8 @@ class MetricsFrontEnd:
         return self.server.port
 
     async def _handle(self, req: Request) -> Response:
+        if self._auth is not None and not self._auth.allows(req.headers.get("authorization", "")):
+            return _unauthorized(req.path)
         if req.method not in ("GET", "HEAD"):
             return json_error(405, f"method {req.method} is not allowed on {req.path}")
         if req.path == "/metrics":
@@ -163,7 +204,8 @@ class MetricsFrontEnd:
         await self.server.close(drain_timeout_s)
 
 
-async def start_metrics(app: Any, host: str, port: int) -> MetricsFrontEnd:
-    front = MetricsFrontEnd(app)
+async def start_metrics(app: Any, host: str, port: int, auth_token: str | None = None) -> MetricsFrontEnd:
+    """Serve /metrics, /status.json and the status page; with `auth_token`, every route needs it."""
+    front = MetricsFrontEnd(app, auth_token)
     await front.server.start(host, port)
     return front

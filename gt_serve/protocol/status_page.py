@@ -1,4 +1,7 @@
-"""The live status page: one static HTML document that polls /status.json once a second."""
+"""The live status page: one static HTML document that polls /status.json once a second.
+
+With a metrics token the page itself is behind HTTP Basic (token as password): the browser asks once
+and sends the same credentials with each poll (same origin)."""
 
 STATUS_HTML = b"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gt_serve status</title>
@@ -19,7 +22,9 @@ th{background:#f0f0f0} .busy{color:#b45309;font-weight:600} .idle{color:#15803d}
 function cell(t){const td=document.createElement('td');td.textContent=t;return td}
 function fill(id,rows){const tb=document.querySelector('#'+id+' tbody');tb.replaceChildren();
  for(const r of rows){const tr=document.createElement('tr');for(const c of r){const td=cell(c.t===undefined?c:c.t);if(c.cls)td.className=c.cls;tr.appendChild(td)}tb.appendChild(tr)}}
-async function tick(){try{const s=await (await fetch('status.json',{cache:'no-store'})).json();
+async function tick(){try{const r=await fetch(location.origin+location.pathname.replace(/[^/]*$/,'')+'status.json',{cache:'no-store'});
+ if(!r.ok)throw new Error(r.status===401?'the metrics port needs the token (HTTP 401)':'HTTP '+r.status);
+ const s=await r.json();
  document.getElementById('node').textContent='\\u2014 '+s.node+' ('+s.server+')';
  fill('lanes',s.lanes.map(l=>[l.id,l.device,{t:l.busy?'busy':'idle',cls:l.busy?'busy':'idle'},l.batches,l.busy_s]));
  fill('models',s.models.map(m=>[m.name,m.version,m.state,m.queue,m.success,m.fail,m.inferences,m.executions,(m.providers||[]).join(',')]));

@@ -287,8 +287,11 @@ def test_grpc_stream_requires_the_bearer_token(auth_server):
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_metrics_port_needs_no_token(auth_server):
+def test_metrics_port_needs_the_same_token_by_default(auth_server):
     status, _, body = one_request(auth_server.metrics_url, "GET", "/metrics")
+    assert status == 401 and b"nv_inference" not in body  # issue #11: the metrics port follows --auth-token
+    status, _, body = one_request(auth_server.metrics_url, "GET", "/metrics",
+                                  headers={"Authorization": f"Bearer {TOKEN}"})
     assert status == 200 and b"nv_inference_request_success" in body
 
 
