@@ -23,7 +23,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from ..errors import GtServeError, Unsupported
+from ..errors import GtServeError, InvalidArgument, Unsupported
 from .grpc_codec import (
     cuda_shm_status_to_proto,
     model_metadata_to_proto,
@@ -248,6 +248,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def TraceSetting(self, request, context):
+        # Triton's check and words; nothing is stored per model (the settings are read-only here)
+        if request.model_name and not await _resolve(self._dp.model_ready(request.model_name, "")):
+            raise InvalidArgument(f"Request for unknown model : {request.model_name[:256]}")
         if request.settings:
             raise Unsupported("trace settings cannot be changed: this server does not support tracing")
         resp = pb.TraceSettingResponse()

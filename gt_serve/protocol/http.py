@@ -6,8 +6,10 @@ exception handler). Query strings are ignored; unknown routes answer 404, wrong 
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
+from concurrent.futures import ThreadPoolExecutor
 import inspect
 import logging
 from typing import Any
@@ -19,6 +21,7 @@ from ..errors import GtServeError, InvalidArgument
 from . import http_infer
 from .http_server import HttpServer, Request, Response, json_error
 from .status import http_status
+from .trace_settings import TraceSettings
 
 _log = logging.getLogger(__name__)
 
@@ -26,6 +29,7 @@ _JSON = {"Content-Type": "application/json"}
 _BINARY = "application/octet-stream"
 _EMPTY_OK = Response(200, b"", None)
 COMPRESS_MIN_BYTES = 1024  # smaller infer responses are sent uncompressed even when gzip is accepted
+OFFLOAD_DECODE_BYTES = 1 << 20  # infer bodies this large are decoded on the (one) decode thread
 
 
 class _HttpError(Exception):
@@ -81,19 +85,19 @@ def _split_version(parts: list[str]) -> tuple[str, list[str]]:
 
 class HttpFrontEnd:
     def __init__(self, dataplane, *, max_body_bytes: int = 256 * 1024 * 1024, max_connections: int = 1024,
-                 auth_token: str | None = None, idle_timeout_s: float = 60.0,
-                 compress_min_bytes: int = COMPRESS_MIN_BYTES) -> None:
+                 auth_token: str | None = None, idle_timeout_s: float = 60.0, header_timeout_s: float = 10.0,
+                 body_timeout_s: float = 60.0, compress_min_bytes: int = COMPRESS_MIN_BYTES) -> None:
         self._dp = dataplane
         self._max_body_bytes = max_body_bytes
         self._auth = f"Bearer {auth_token}".encode() if auth_token else None
         self._compress_min_bytes = compress_min_bytes
-        self._trace_settings: dict[str, dict] = {"": {"trace_level": ["OFF"], "trace_rate": "1000",
-                                                      "trace_count": "-1", "log_frequency": "0",
-                                                      "trace_file": "", "trace_mode": "triton"}}
+        self._trace_settings = TraceSettings()
+        self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gt-http-decode")
         self._log_settings = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
                               "log_verbose_level": 0, "log_format": "default"}
         self._server = HttpServer(self._handle, max_body_bytes=max_body_bytes, max_connections=max_connections,
-                                  idle_timeout_s=idle_timeout_s)
+                                  idle_timeout_s=idle_timeout_s, header_timeout_s=header_timeout_s,
+                                  body_timeout_s=body_timeout_s)
 
     @property
     def port(self) -> int:
@@ -104,6 +108,7 @@ class HttpFrontEnd:
 
     async def close(self, drain_timeout_s: float = 5.0) -> None:
         await self._server.close(drain_timeout_s)
+        self._decoder.shutdown(wait=False, cancel_futures=True)
 
     # ---- the one exception handler ----
     async def _handle(self, req: Request) -> Response:
@@ -160,7 +165,7 @@ class HttpFrontEnd:
         if head in ("systemsharedmemory", "cudasharedmemory"):
             return await self._shm_route(req, head == "cudasharedmemory", rest[1:])
         if head == "trace" and rest[1:] == ["setting"]:
-            return self._trace(req, "")
+            return await self._trace(req, "")
         if head == "logging" and n == 1:
             return self._logging(req)
         raise _HttpError(404, f"no route for {req.path}")
@@ -193,7 +198,7 @@ class HttpFrontEnd:
                 _need(req, "POST")
                 return await self._infer(req, name, version)
         if rest == ["trace", "setting"]:
-            return self._trace(req, name)
+            return await self._trace(req, name)
         raise _HttpError(404, f"no route for {req.path}")
 
     async def _repository_route(self, req: Request, parts: list[str]) -> Response:
@@ -257,20 +262,13 @@ class HttpFrontEnd:
             return _EMPTY_OK
         raise _HttpError(404, f"no route for {req.path}")
 
-    def _trace(self, req: Request, model: str) -> Response:
+    async def _trace(self, req: Request, model: str) -> Response:
         _need(req, "GET", "POST")
-        settings = dict(self._trace_settings[""])
-        settings.update(self._trace_settings.get(model, {}))
+        if model and not await _resolve(self._dp.model_ready(model, "")):  # Triton's check and words
+            raise InvalidArgument(f"Request for unknown model : {model[:256]}")
         if req.method == "POST":
-            doc = _json_body(self._body(req), "trace setting")
-            for key, value in doc.items():
-                if value is None:
-                    self._trace_settings.get(model, {}).pop(key, None)
-                else:
-                    self._trace_settings.setdefault(model, {})[key] = value
-            settings = dict(self._trace_settings[""])
-            settings.update(self._trace_settings.get(model, {}))
-        return _ok_json(settings)
+            return _ok_json(self._trace_settings.update(model, _json_body(self._body(req), "trace setting")))
+        return _ok_json(self._trace_settings.get(model))
 
     def _logging(self, req: Request) -> Response:
         _need(req, "GET", "POST")
@@ -292,9 +290,13 @@ class HttpFrontEnd:
         header_length = http_infer.parse_header_length(headers.get("inference-header-content-length"), len(body))
         if header_length == 0:
             config = await _resolve(self._dp.model_config(name, version))
-            infer_req = http_infer.decode_raw_request(name, version, body, config)
+            decode, args = http_infer.decode_raw_request, (name, version, body, config)
         else:
-            infer_req = http_infer.decode_request(name, version, body, header_length)
+            decode, args = http_infer.decode_request, (name, version, body, header_length)
+        if len(body) >= OFFLOAD_DECODE_BYTES:  # up to seconds for the largest JSON bodies: keep the loop serving
+            infer_req = await asyncio.get_running_loop().run_in_executor(self._decoder, decode, *args)
+        else:
+            infer_req = decode(*args)
         resp = await self._dp.infer(infer_req)
         parts, json_bytes = http_infer.encode_response(resp, infer_req)
         out_headers = {"Content-Type": _BINARY} if json_bytes is not None else {"Content-Type": "application/json"}
@@ -329,9 +331,11 @@ def _load_parameters(name: str, params: dict) -> dict:
 
 async def start_http(dataplane, host: str, port: int, *, max_body_bytes: int = 256 * 1024 * 1024,
                      max_connections: int = 1024, auth_token: str | None = None,
-                     idle_timeout_s: float = 60.0, compress_min_bytes: int = COMPRESS_MIN_BYTES) -> HttpFrontEnd:
+                     idle_timeout_s: float = 60.0, header_timeout_s: float = 10.0, body_timeout_s: float = 60.0,
+                     compress_min_bytes: int = COMPRESS_MIN_BYTES) -> HttpFrontEnd:
     """Build and start the V2 HTTP front end; `.port` is the bound port (port 0 = ephemeral)."""
     front = HttpFrontEnd(dataplane, max_body_bytes=max_body_bytes, max_connections=max_connections,
-                         auth_token=auth_token, idle_timeout_s=idle_timeout_s, compress_min_bytes=compress_min_bytes)
+                         auth_token=auth_token, idle_timeout_s=idle_timeout_s, header_timeout_s=header_timeout_s,
+                         body_timeout_s=body_timeout_s, compress_min_bytes=compress_min_bytes)
     await front.start(host, port)
     return front

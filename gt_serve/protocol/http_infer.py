@@ -5,6 +5,11 @@ splits the body into N bytes of JSON and the input blobs, taken in `inputs` orde
 `parameters.binary_data_size`. Binary inputs are decoded zero-copy (np.frombuffer on the body).
 Outputs become binary per `parameters.binary_data` or the request's `binary_data_output`; their
 blobs follow the JSON in `outputs` order and are written without joining (memoryviews).
+
+Bounded by the declared shapes (issue #11 finding 13): a JSON part of `LARGE_JSON_BYTES` or more is
+parsed with its `data` arrays cut out (codec.cut_data_arrays; the rest may be at most
+`MAX_JSON_SKELETON_BYTES`), and each array is counted against its input's shape before it is decoded;
+BYTES inputs never build more elements than the shape declares.
 """
 from __future__ import annotations
 
@@ -17,10 +22,14 @@ import orjson
 from ..errors import InvalidArgument
 from ..types import InferRequest, InferResponse, RequestedOutput, Tensor
 from .codec import (
+    DataSpans,
+    array_from_json_span,
     array_from_list,
     array_from_raw,
+    bytes_array_from_raw,
     check_shape,
-    deserialize_bytes,
+    count_bytes_elements,
+    cut_data_arrays,
     element_count,
     list_from_array,
     numpy_dtype,
@@ -33,6 +42,8 @@ _JSON_NUMPY = orjson.OPT_SERIALIZE_NUMPY
 # dtypes orjson serialises natively (OPT_SERIALIZE_NUMPY); others go through list_from_array
 _ORJSON_KINDS = frozenset("biuf")
 COMPRESS_LEVEL = 1  # speed over ratio: tensor data compresses poorly anyway
+LARGE_JSON_BYTES = 1 << 20  # a JSON part this large is decoded with its 'data' arrays cut out
+MAX_JSON_SKELETON_BYTES = 1 << 20  # ... and the rest of it (ids, names, shapes, parameters) may be this large
 
 
 def parse_header_length(value: str | None, body_bytes: int) -> int | None:
@@ -66,6 +77,10 @@ def decode_request(model_name: str, version: str, body, header_length: int | Non
     else:
         mv = memoryview(body)
         json_part, blobs = mv[:header_length], mv[header_length:]
+    spans = None
+    if len(json_part) >= LARGE_JSON_BYTES:
+        doc = json_part if isinstance(json_part, (bytes, bytearray)) else bytes(json_part)
+        json_part, spans = cut_data_arrays(doc, MAX_JSON_SKELETON_BYTES)
     try:
         doc = orjson.loads(json_part)
     except orjson.JSONDecodeError as exc:
@@ -78,8 +93,10 @@ def decode_request(model_name: str, version: str, body, header_length: int | Non
     offset = 0
     inputs = []
     for item in raw_inputs:
-        tensor, offset = _decode_input(item, blobs, offset)
+        tensor, offset = _decode_input(item, blobs, offset, spans)
         inputs.append(tensor)
+    if spans is not None and spans.used != len(spans.by_marker):
+        raise InvalidArgument("a large request may carry 'data' arrays only as the data of its inputs")
     if blobs is not None and offset != len(blobs):
         raise InvalidArgument(
             f"unexpected additional input data for model '{model_name}': {len(blobs) - offset} bytes "
@@ -105,7 +122,7 @@ def decode_request(model_name: str, version: str, body, header_length: int | Non
     return req
 
 
-def _decode_input(item, blobs, offset: int) -> tuple[Tensor, int]:
+def _decode_input(item, blobs, offset: int, spans: DataSpans | None) -> tuple[Tensor, int]:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise InvalidArgument("each input must be an object with a 'name'")
     name = item["name"]
@@ -137,12 +154,22 @@ def _decode_input(item, blobs, offset: int) -> tuple[Tensor, int]:
                 f"input '{name}': binary_data_size {size} overruns the request body "
                 f"({len(blobs) - offset} bytes of binary data left)"
             )
-        data = _named(name, array_from_raw, datatype, shape, blobs[offset:end])
+        data = _named(name, _array_from_raw, datatype, shape, blobs[offset:end])
         return Tensor(name, datatype, shape, data, params), end
     if "data" not in item:
         raise InvalidArgument(f"input '{name}' has no data (neither 'data', binary_data_size nor shared memory)")
-    data = _named(name, array_from_list, datatype, shape, item["data"])
+    span = spans.take(item["data"]) if spans is not None else None
+    if span is not None:
+        data = _named(name, array_from_json_span, datatype, shape, span)
+    else:
+        data = _named(name, array_from_list, datatype, shape, item["data"])
     return Tensor(name, datatype, shape, data, params), offset
+
+
+def _array_from_raw(name: str, datatype: str, shape: tuple[int, ...], raw) -> np.ndarray:
+    if datatype == "BYTES":  # bounded by the shape: never more elements than declared
+        return bytes_array_from_raw(name, shape, raw)
+    return array_from_raw(name, datatype, shape, raw)
 
 
 def _named(name: str, fn, datatype: str, shape, payload) -> np.ndarray:
@@ -187,7 +214,7 @@ def decode_raw_request(model_name: str, version: str, body, config) -> InferRequ
     datatype = v2_from_config_type(spec.data_type)
     dims = list(spec.dims)
     if datatype == "BYTES":
-        count = len(deserialize_bytes(body, name))
+        count = count_bytes_elements(body, name)
     else:
         itemsize = numpy_dtype(datatype).itemsize
         if len(body) % itemsize:
@@ -205,7 +232,7 @@ def decode_raw_request(model_name: str, version: str, body, config) -> InferRequ
             raise InvalidArgument(f"input '{name}': {count} elements do not fit dims {dims}")
         dims[variable[0]] = count // known
     shape = tuple(([1] if config.max_batch_size > 0 else []) + dims)
-    data = _named(name, array_from_raw, datatype, shape, memoryview(body))
+    data = _named(name, _array_from_raw, datatype, shape, memoryview(body))
     params = {"binary_data_output": True}
     return InferRequest(model_name, version, "", [Tensor(name, datatype, shape, data)], None, params)
 

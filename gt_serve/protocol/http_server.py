@@ -8,8 +8,10 @@ the connection: requests (pipelined or not) go through a deque, so a request cos
 own. Keep-alive follows HTTP/1.1 defaults (`Connection: close`, HTTP/1.0 without keep-alive end the
 connection after the response). Bodies may use Content-Length or chunked encoding, with
 `Expect: 100-continue` honoured; bodies over `max_body_bytes` get 413, malformed HTTP gets 400,
-both closing the connection. A connection idle longer than `idle_timeout_s` between requests, or
-stalled longer than `body_timeout_s` inside a request, is closed. Writes are back-pressured: while
+both closing the connection. Slow clients are bounded by totals, not by gaps between bytes: a request's
+line and headers must arrive within `header_timeout_s` of its first byte (of the accept, for a
+connection's first request) and its body within `body_timeout_s` of the end of the headers, else 408
+and close; a connection idle longer than `idle_timeout_s` between requests is closed. Writes are back-pressured: while
 the transport's write buffer is above its high-water mark the connection stops reading.
 """
 from __future__ import annotations
@@ -29,8 +31,12 @@ _log = logging.getLogger(__name__)
 _MAX_HEAD_BYTES = 64 * 1024  # request line + headers
 _MAX_PIPELINE = 32  # queued requests per connection before reading pauses
 _WRITE_HIGH_WATER_BYTES = 256 * 1024
+_BUFFER_BODY_BYTES = 1 << 20  # a body this large is collected in one growing bytearray (no join copy)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
+
+# where a connection is in reading a request (for its timeouts)
+_IDLE, _HEAD, _BODY = 0, 1, 2
 
 # reasons for pausing the transport's reading (a bit mask)
 _PAUSE_WRITE = 1
@@ -47,7 +53,7 @@ class Request:
         self.path = path
         self.query_string = query_string
         self.headers = headers  # lower-cased names; repeated headers joined with ", "
-        self.body = body
+        self.body = body  # bytes, or a bytearray for a body of _BUFFER_BODY_BYTES or more
         self.keep_alive = keep_alive
         self.http_version = http_version
 
@@ -100,6 +106,8 @@ class _Connection(asyncio.Protocol):
         self._done = False  # no more requests will be read (error, close, shutdown)
         self._in_message = False
         self._continue_pending = False
+        self._phase = _HEAD  # the first request's head is due header_timeout_s after the accept
+        self._phase_deadline_s = 0.0
         self._last_activity_s = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._rejected = False
@@ -108,6 +116,7 @@ class _Connection(asyncio.Protocol):
         self._headers: dict[str, str] = {}
         self._head_bytes = 0
         self._body: list[bytes] = []
+        self._body_buffer: bytearray | None = None  # a large body grows in place instead of being joined
         self._body_bytes = 0
 
     # ---- asyncio.Protocol ----
@@ -123,6 +132,7 @@ class _Connection(asyncio.Protocol):
         server._connections.add(self)
         transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER_BYTES)
         self._last_activity_s = self._loop.time()
+        self._phase_deadline_s = self._last_activity_s + server._header_timeout_s
         self._timer = self._loop.call_at(self._last_activity_s + server._check_interval_s, self._check_timeout)
 
     def connection_lost(self, exc) -> None:
@@ -169,11 +179,15 @@ class _Connection(asyncio.Protocol):
 
     # ---- httptools callbacks ----
     def on_message_begin(self) -> None:
+        if self._phase == _IDLE:
+            self._phase = _HEAD
+            self._phase_deadline_s = self._loop.time() + self._server._header_timeout_s
         self._in_message = True
         self._url = b""
         self._headers = {}
         self._head_bytes = 0
         self._body = []
+        self._body_buffer = None
         self._body_bytes = 0
 
     def on_url(self, url: bytes) -> None:
@@ -194,6 +208,8 @@ class _Connection(asyncio.Protocol):
         self._headers[key] = val if old is None else f"{old}, {val}"
 
     def on_headers_complete(self) -> None:
+        self._phase = _BODY
+        self._phase_deadline_s = self._loop.time() + self._server._body_timeout_s
         headers = self._headers
         length = headers.get("content-length")
         limit = self._server._max_body_bytes
@@ -212,14 +228,22 @@ class _Connection(asyncio.Protocol):
                     self._continue_pending = True
 
     def on_body(self, body: bytes) -> None:
-        self._body.append(body)
         self._body_bytes += len(body)
         if self._body_bytes > self._server._max_body_bytes:
             limit = self._server._max_body_bytes
             self._fail(413, f"request body exceeds the limit of {limit} bytes")
             raise _StopParsing
+        if self._body_buffer is not None:
+            self._body_buffer += body
+        elif self._body_bytes >= _BUFFER_BODY_BYTES:
+            self._body_buffer = bytearray().join(self._body)
+            self._body_buffer += body
+            self._body = []
+        else:
+            self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._phase = _IDLE
         self._in_message = False
         self._continue_pending = False
         parser = self._parser
@@ -228,12 +252,17 @@ class _Connection(asyncio.Protocol):
         if "%" in path_s:
             path_s = unquote(path_s)
         body = self._body
+        if self._body_buffer is not None:
+            payload = self._body_buffer
+        else:
+            payload = body[0] if len(body) == 1 else b"".join(body)
         keep_alive = parser.should_keep_alive() and not self._server._closing
         req = Request(
             parser.get_method().decode("ascii"), path_s, query.decode("latin-1"), self._headers,
-            body[0] if len(body) == 1 else b"".join(body), keep_alive, parser.get_http_version(),
+            payload, keep_alive, parser.get_http_version(),
         )
         self._body = []
+        self._body_buffer = None
         self._enqueue(req)
         if not keep_alive:
             self._finish_reading()
@@ -344,13 +373,19 @@ class _Connection(asyncio.Protocol):
         step = server._check_interval_s
         if self._busy or self._queue:
             deadline = now + step
-        else:
-            timeout = server._body_timeout_s if self._in_message else server._idle_timeout_s
-            deadline = self._last_activity_s + timeout
+        elif self._phase == _IDLE:
+            deadline = self._last_activity_s + server._idle_timeout_s
             if now >= deadline:
                 self._transport.close()
                 return
             # the state may change (idle -> mid-request) before the deadline: look again by then
+            deadline = min(deadline, now + step)
+        else:
+            deadline = self._phase_deadline_s
+            if now >= deadline:
+                self._fail(408, f"request {'headers' if self._phase == _HEAD else 'body'} not received within "
+                                f"{server._header_timeout_s if self._phase == _HEAD else server._body_timeout_s:g} s")
+                return
             deadline = min(deadline, now + step)
         self._timer = self._loop.call_at(deadline, self._check_timeout)
 
@@ -391,14 +426,15 @@ class HttpServer:
     """Owns the listening socket and the connections. `start`, then `close(drain_timeout_s)`."""
 
     def __init__(self, handler: Handler, *, max_body_bytes: int = 256 * 1024 * 1024,
-                 max_connections: int = 1024, idle_timeout_s: float = 60.0,
+                 max_connections: int = 1024, idle_timeout_s: float = 60.0, header_timeout_s: float = 10.0,
                  body_timeout_s: float | None = None) -> None:
         self._handler = handler
         self._max_body_bytes = max_body_bytes
         self._max_connections = max_connections
         self._idle_timeout_s = idle_timeout_s
+        self._header_timeout_s = header_timeout_s
         self._body_timeout_s = idle_timeout_s if body_timeout_s is None else body_timeout_s
-        self._check_interval_s = min(self._idle_timeout_s, self._body_timeout_s)
+        self._check_interval_s = min(self._idle_timeout_s, self._header_timeout_s, self._body_timeout_s)
         self._connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
