@@ -27,6 +27,8 @@ _DTYPES: dict[str, np.dtype] = {
     "BYTES": np.dtype(object),
 }
 
+_U32 = struct.Struct("<I")
+
 _BY_NUMPY: dict[np.dtype, str] = {v: k for k, v in _DTYPES.items() if k != "BYTES"}
 
 DATATYPES = frozenset(_DTYPES) | {"BF16"}
@@ -86,35 +88,39 @@ def serialize_bytes(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def deserialize_bytes(buf: bytes | memoryview, name: str = "") -> list[bytes]:
-    """Length-prefixed raw form -> list of bytes elements; raises on truncated data."""
-    mv = memoryview(buf)
-    items: list[bytes] = []
-    offset, size = 0, len(mv)
-    while offset < size:
+def bytes_array_from_raw(name: str, shape: tuple[int, ...], raw) -> np.ndarray:
+    """Length-prefixed BYTES data -> object array of `shape`; refuses a count that differs from the
+    shape's before building more than that many elements (4 bytes per element at least)."""
+    count = element_count(shape)
+    mv = memoryview(raw)
+    size = len(mv)
+    if 4 * count > size:
+        raise InvalidArgument(f"input '{name}': {size} bytes of BYTES data cannot hold the {count} elements "
+                              f"of shape {list(shape)} (4 bytes of length prefix each)")
+    out = np.empty(count, dtype=object)
+    offset = 0
+    unpack = _U32.unpack_from
+    for i in range(count):
         if offset + 4 > size:
-            raise InvalidArgument(f"input '{name}': truncated BYTES element length")
-        (length,) = struct.unpack_from("<I", mv, offset)
+            raise InvalidArgument(f"input '{name}': expected {count} BYTES elements for shape {list(shape)}, got {i}")
+        (length,) = unpack(mv, offset)
         offset += 4
-        if offset + length > size:
+        end = offset + length
+        if end > size:
             raise InvalidArgument(f"input '{name}': BYTES element of {length} bytes overruns the tensor data")
-        items.append(bytes(mv[offset : offset + length]))
-        offset += length
-    return items
+        out[i] = bytes(mv[offset:end])
+        offset = end
+    if offset != size:
+        raise InvalidArgument(f"input '{name}': expected {count} BYTES elements for shape {list(shape)}, "
+                              f"got {size - offset} bytes more data after them")
+    return out.reshape(shape)
 
 
 def array_from_raw(name: str, datatype: str, shape: tuple[int, ...], raw) -> np.ndarray:
     """Decode raw tensor bytes (zero-copy for fixed-size types) and check the size against the shape."""
     count = element_count(shape)
     if datatype == "BYTES":
-        items = deserialize_bytes(raw, name)
-        if len(items) != count:
-            raise InvalidArgument(
-                f"input '{name}': expected {count} BYTES elements for shape {list(shape)}, got {len(items)}"
-            )
-        arr = np.empty(count, dtype=object)
-        arr[:] = items
-        return arr.reshape(shape)
+        return bytes_array_from_raw(name, shape, raw)
     dtype = numpy_dtype(datatype)
     expected = count * dtype.itemsize
     nbytes = len(raw)

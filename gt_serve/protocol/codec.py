@@ -15,7 +15,7 @@ by its declared shape before any Python object is built for an element.
 from __future__ import annotations
 
 __all__ = ["DATATYPES", "array_from_json_span", "array_from_list", "array_from_raw", "bytes_array_from_raw",
-           "check_shape", "count_bytes_elements", "cut_data_arrays", "deserialize_bytes", "element_count",
+           "check_shape", "count_bytes_elements", "cut_data_arrays", "element_count",
            "list_from_array", "numpy_dtype", "raw_from_array", "serialize_bytes", "v2_datatype"]
 
 import re
@@ -29,8 +29,8 @@ from ..datatypes import (  # noqa: E402  (re-exported)
     DATATYPES,
     array_from_list,
     array_from_raw,
+    bytes_array_from_raw,
     check_shape,
-    deserialize_bytes,
     element_count,
     list_from_array,
     numpy_dtype,
@@ -54,35 +54,7 @@ _KEY = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"\s*:')
 _BRACKETS_TO_SPACE = bytes.maketrans(b"[]", b"  ")
 
 
-# ---- BYTES in the binary form ----
-
-def bytes_array_from_raw(name: str, shape: tuple[int, ...], raw) -> np.ndarray:
-    """Length-prefixed BYTES data -> object array of `shape`; refuses a count that differs from the
-    shape's before building more than that many elements (4 bytes per element at least)."""
-    count = element_count(shape)
-    mv = memoryview(raw)
-    size = len(mv)
-    if 4 * count > size:
-        raise InvalidArgument(f"input '{name}': {size} bytes of BYTES data cannot hold the {count} elements "
-                              f"of shape {list(shape)} (4 bytes of length prefix each)")
-    out = np.empty(count, dtype=object)
-    offset = 0
-    unpack = _U32.unpack_from
-    for i in range(count):
-        if offset + 4 > size:
-            raise InvalidArgument(f"input '{name}': expected {count} BYTES elements for shape {list(shape)}, got {i}")
-        (length,) = unpack(mv, offset)
-        offset += 4
-        end = offset + length
-        if end > size:
-            raise InvalidArgument(f"input '{name}': BYTES element of {length} bytes overruns the tensor data")
-        out[i] = bytes(mv[offset:end])
-        offset = end
-    if offset != size:
-        raise InvalidArgument(f"input '{name}': expected {count} BYTES elements for shape {list(shape)}, "
-                              f"got {size - offset} bytes more data after them")
-    return out.reshape(shape)
-
+# ---- BYTES in the binary form (bytes_array_from_raw lives in datatypes: every raw path uses it) ----
 
 def count_bytes_elements(raw, name: str) -> int:
     """The number of length-prefixed BYTES elements in `raw`, without building them."""

@@ -26,7 +26,6 @@ from .codec import (
     array_from_json_span,
     array_from_list,
     array_from_raw,
-    bytes_array_from_raw,
     check_shape,
     count_bytes_elements,
     cut_data_arrays,
@@ -154,7 +153,7 @@ def _decode_input(item, blobs, offset: int, spans: DataSpans | None) -> tuple[Te
                 f"input '{name}': binary_data_size {size} overruns the request body "
                 f"({len(blobs) - offset} bytes of binary data left)"
             )
-        data = _named(name, _array_from_raw, datatype, shape, blobs[offset:end])
+        data = _named(name, array_from_raw, datatype, shape, blobs[offset:end])
         return Tensor(name, datatype, shape, data, params), end
     if "data" not in item:
         raise InvalidArgument(f"input '{name}' has no data (neither 'data', binary_data_size nor shared memory)")
@@ -164,12 +163,6 @@ def _decode_input(item, blobs, offset: int, spans: DataSpans | None) -> tuple[Te
     else:
         data = _named(name, array_from_list, datatype, shape, item["data"])
     return Tensor(name, datatype, shape, data, params), offset
-
-
-def _array_from_raw(name: str, datatype: str, shape: tuple[int, ...], raw) -> np.ndarray:
-    if datatype == "BYTES":  # bounded by the shape: never more elements than declared
-        return bytes_array_from_raw(name, shape, raw)
-    return array_from_raw(name, datatype, shape, raw)
 
 
 def _named(name: str, fn, datatype: str, shape, payload) -> np.ndarray:
@@ -232,7 +225,7 @@ def decode_raw_request(model_name: str, version: str, body, config) -> InferRequ
             raise InvalidArgument(f"input '{name}': {count} elements do not fit dims {dims}")
         dims[variable[0]] = count // known
     shape = tuple(([1] if config.max_batch_size > 0 else []) + dims)
-    data = _named(name, _array_from_raw, datatype, shape, memoryview(body))
+    data = _named(name, array_from_raw, datatype, shape, memoryview(body))
     params = {"binary_data_output": True}
     return InferRequest(model_name, version, "", [Tensor(name, datatype, shape, data)], None, params)
 
