@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from gt_serve import model_builders as mb
-from gt_serve.protocol.grpc_native import PREFACE, _parse_timeout
+from gt_serve.protocol.grpc_native import PREFACE, parse_timeout as _parse_timeout
 from tests.conftest import start_server
 
 TIMEOUT_S = 60.0
@@ -83,7 +83,7 @@ def test_the_native_transport_answers(native):
         kind, flags, sid, payload = _frames(sock, 1)[0]
         assert (kind, flags, sid) == (4, 0, 0)
         settings = dict(struct.unpack_from(">HI", payload, i) for i in range(0, len(payload), 6))
-        assert settings[3] == 4096 and settings[5] == (1 << 24) - 1
+        assert settings[3] == 256 and settings[5] == 16384  # max concurrent streams, max frame size
 
 
 def test_tensors_far_larger_than_the_flow_control_windows(native):
@@ -259,7 +259,7 @@ def test_another_http2_client_huffman_continuation_and_padding(native):
     conn.initiate_connection()
     headers = [(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
                (":authority", native.grpc_url), ("content-type", "application/grpc"), ("te", "trailers"),
-               ("x-big-metadata", "m" * 40000)]  # > 16 KiB: HEADERS + CONTINUATION
+               ("x-big-metadata", "m" * 30000)]  # > 16 KiB encoded: HEADERS + CONTINUATION
     with _connect(native) as sock:
         conn.send_headers(1, headers)
         half = len(message) // 2

@@ -1,0 +1,102 @@
+"""HTTP/2 frames (RFC 9113 section 4 and 6): constants, building, splitting a receive buffer into
+frames, padding, and the two typed errors of the protocol (connection and stream)."""
+from __future__ import annotations
+
+import struct
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+END_STREAM = ACK = 0x1
+END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
+
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+SETTINGS_TIMEOUT, STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL = 0x4, 0x5, 0x6, 0x7, 0x8
+COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x9, 0xB
+
+SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
+SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
+
+MAX_WINDOW = 2**31 - 1
+DEFAULT_WINDOW = 65535
+MIN_MAX_FRAME = 16384
+MAX_MAX_FRAME = (1 << 24) - 1
+HEADER_BYTES = 9
+
+u32 = struct.Struct(">I").pack
+unpack_u32 = struct.Struct(">I").unpack_from
+_setting = struct.Struct(">HI")
+
+
+class H2ConnectionError(Exception):
+    """A connection error: GOAWAY with `code`, then close."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class H2StreamError(Exception):
+    """A stream error: RST_STREAM with `code` on that stream; the connection carries on."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def frame_head(length: int, kind: int, flags: int, stream_id: int) -> bytes:
+    return bytes((length >> 16 & 0xFF, length >> 8 & 0xFF, length & 0xFF, kind, flags)) + u32(stream_id)
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    return frame_head(len(payload), kind, flags, stream_id) + payload
+
+
+def settings_payload(pairs) -> bytes:
+    return b"".join(_setting.pack(key, value) for key, value in pairs)
+
+
+def parse_settings(payload: bytes, max_entries: int) -> list[tuple[int, int]]:
+    if len(payload) % 6:
+        raise H2ConnectionError(FRAME_SIZE_ERROR, "SETTINGS length is not a multiple of 6")
+    if len(payload) // 6 > max_entries:
+        raise H2ConnectionError(ENHANCE_YOUR_CALM, f"more than {max_entries} entries in one SETTINGS frame")
+    return [_setting.unpack_from(payload, i) for i in range(0, len(payload), 6)]
+
+
+def goaway(last_stream_id: int, code: int, message: str = "") -> bytes:
+    return frame(GOAWAY, 0, 0, u32(last_stream_id) + u32(code) + message.encode()[:256])
+
+
+def rst_stream(stream_id: int, code: int) -> bytes:
+    return frame(RST_STREAM, 0, stream_id, u32(code))
+
+
+def window_update(stream_id: int, increment: int) -> bytes:
+    return frame(WINDOW_UPDATE, 0, stream_id, u32(increment))
+
+
+def strip_padding(payload: bytes | memoryview, kind_name: str) -> bytes | memoryview:
+    """The payload of a PADDED frame without its pad-length byte and padding (RFC 9113 6.1, 6.2)."""
+    if not payload:
+        raise H2ConnectionError(PROTOCOL_ERROR, f"PADDED {kind_name} frame without a pad length")
+    pad = payload[0]
+    if pad >= len(payload):
+        raise H2ConnectionError(PROTOCOL_ERROR, f"{kind_name} padding of {pad} bytes exceeds the frame")
+    return payload[1:len(payload) - pad]
+
+
+def next_frame(buf: bytearray, pos: int, max_frame_bytes: int):
+    """The frame at `pos` of `buf` as (kind, flags, stream_id, payload, next_pos), or None while it is
+    incomplete. A frame larger than `max_frame_bytes` is refused from its header alone."""
+    if len(buf) - pos < HEADER_BYTES:
+        return None
+    length = buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
+    if length > max_frame_bytes:
+        raise H2ConnectionError(FRAME_SIZE_ERROR, f"frame of {length} bytes (max {max_frame_bytes})")
+    end = pos + HEADER_BYTES + length
+    if len(buf) < end:
+        return None
+    sid = unpack_u32(buf, pos + 5)[0] & 0x7FFFFFFF
+    return buf[pos + 3], buf[pos + 4], sid, bytes(buf[pos + HEADER_BYTES:end]), end

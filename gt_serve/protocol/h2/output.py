@@ -1,0 +1,116 @@
+"""The sending half of an HTTP/2 connection: response headers, DATA within the peer's windows and
+frame size, trailers, and write back-pressure (nothing is sent while the transport is above its
+high-water mark; a peer that lets `max_queued_output_bytes` pile up is dropped)."""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .frames import (
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    HEADERS,
+    frame,
+    frame_head,
+)
+
+if TYPE_CHECKING:
+    from .connection import H2Stream
+
+log = logging.getLogger(__name__)
+
+_SEND_FRAME_CAP_BYTES = 128 * 1024  # our DATA frames, whatever larger frames the peer allows
+
+
+class StreamOutput:
+    """Mixed into H2Connection, whose state it uses (windows, streams, transport, limits)."""
+
+    def send(self, stream: H2Stream, head: bytes | None, data: tuple, trailers: bytes | None) -> None:
+        """Send on `stream`: a header block (`head`), then DATA made of `data`'s parts (flow
+        controlled), then a trailer block that ends the stream. Any of them may be empty."""
+        if self._transport is None or stream.done:
+            return
+        sid = stream.sid
+        size = sum(len(part) for part in data)
+        stream.done = trailers is not None
+        if (not stream.pending and not self._write_paused and size <= self._peer_max_frame
+                and size <= stream.send_window and size <= self._conn_send_window):
+            parts = [self._header_frames(sid, head, False)] if head else []
+            if data:
+                stream.send_window -= size
+                self._conn_send_window -= size
+                parts.append(frame_head(size, DATA, 0, sid))
+                parts.extend(data)
+                self._control.allow(2)
+            if trailers is not None:
+                parts.append(self._header_frames(sid, trailers, True))
+            self._transport.write(b"".join(parts))
+            if stream.done:
+                self._closed(stream)
+            return
+        if head:
+            stream.pending.append(self._header_frames(sid, head, False))
+        if data:
+            stream.pending.append(memoryview(b"".join(data)))
+        if trailers is not None:
+            stream.pending.append(self._header_frames(sid, trailers, True))
+        self._flush_stream(stream)
+
+    def _header_frames(self, sid: int, block: bytes, end_stream: bool) -> bytes:
+        flags = END_STREAM if end_stream else 0
+        limit = self._peer_max_frame
+        if len(block) <= limit:
+            return frame(HEADERS, flags | END_HEADERS, sid, block)
+        chunks = [block[i:i + limit] for i in range(0, len(block), limit)]
+        out = [frame(HEADERS, flags, sid, chunks[0])]
+        out += [frame(CONTINUATION, 0, sid, chunk) for chunk in chunks[1:-1]]
+        out.append(frame(CONTINUATION, END_HEADERS, sid, chunks[-1]))
+        return b"".join(out)
+
+    def _write(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        transport.write(data)
+        if self._write_paused and transport.get_write_buffer_size() > self._limits.max_queued_output_bytes:
+            log.debug("HTTP/2 peer does not read: dropping the connection")
+            self._transport = None
+            transport.abort()
+
+    def _flush_stream(self, stream: H2Stream) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        pending = stream.pending
+        while pending:
+            if self._write_paused:
+                self._blocked[stream.sid] = stream
+                return
+            item = pending[0]
+            if type(item) is bytes:  # header frames: not flow controlled
+                transport.write(pending.popleft())
+                continue
+            allowed = min(len(item), stream.send_window, self._conn_send_window, self._peer_max_frame,
+                          _SEND_FRAME_CAP_BYTES)
+            if allowed <= 0:
+                self._blocked[stream.sid] = stream
+                return
+            transport.write(frame_head(allowed, DATA, 0, stream.sid) + item[:allowed])
+            stream.send_window -= allowed
+            self._conn_send_window -= allowed
+            self._control.allow(2)
+            if allowed == len(item):
+                pending.popleft()
+            else:
+                pending[0] = item[allowed:]
+        self._blocked.pop(stream.sid, None)
+        if stream.done:
+            self._closed(stream)
+
+    def _flush_blocked(self) -> None:
+        for stream in list(self._blocked.values()):
+            if self._conn_send_window <= 0 or self._write_paused or self._transport is None:
+                return
+            self._flush_stream(stream)
