@@ -1,22 +1,32 @@
-# syntax=docker/dockerfile:1
 #
 # gt_serve container image: one Dockerfile for CPU hosts, x86_64 NVIDIA GPU hosts and Jetson (arm64).
+# Needs BuildKit (default since Docker 23; `DOCKER_BUILDKIT=1` on Docker 20.10). No line needs a
+# registry except BASE_IMAGE: no `# syntax=` frontend image is pulled.
 #
 # Build arguments
-#   BASE_IMAGE   image for BOTH stages (the virtual environment built in the first stage is copied
-#                into the second, so the interpreter must be the same). It needs Python >= 3.10;
+#   BASE_IMAGE   image for ALL stages (the virtual environment built in the builder stage is copied
+#                into the runtime stage, so the interpreter must be the same). It needs Python >= 3.10;
 #                Debian/Ubuntu images without python3 get it from apt automatically.
 #                  python:3.11-slim (default)                               CPU, any arch
+#                  gt-serve-base:bookworm (deploy/build-base.sh)            CPU, made locally without a registry
 #                  nvcr.io/nvidia/cuda:12.6.3-cudnn-runtime-ubuntu22.04     x86_64 + NVIDIA GPU (python3 is apt-installed)
 #                  nvcr.io/nvidia/l4t-jetpack:r36.4.0                       Jetson Orin, JetPack 6 (arm64)
 #                  dustynv/l4t-ml:r36.2.0                                   Jetson with onnxruntime-gpu/cupy preinstalled
-#   GT_EXTRAS    comma-separated pyproject extras: "" (default), "gpu", "cluster", "gpu,cluster".
+#   GT_EXTRAS    comma-separated pyproject extras: "" (default: CPU onnxruntime), "cluster", "gpu", "gpu,cluster".
+#                "gpu" swaps the CPU onnxruntime for onnxruntime-gpu (both ship the same module).
 #   GT_SYSTEM_SITE_PACKAGES   1 = the venv also sees the base image's site-packages (Jetson images that
 #                ship onnxruntime-gpu / cupy builds which PyPI does not have for arm64). Default 0.
-#   PIP_EXTRA_INDEX_URL       optional extra index, e.g. the Jetson AI Lab index for JetPack 6 wheels.
+#   WHEELHOUSE   air-gapped build: a folder in the build context holding gt_serve's wheel and every
+#                dependency (deploy/wheelhouse.sh makes it); pip then installs with --no-index from it only.
+#   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   optional package index / mirror (e.g. the Jetson AI Lab index).
+#
+# Secrets (optional, never stored in a layer)
+#   --secret id=ca,src=FILE   a CA bundle for a TLS-intercepting proxy: apt and pip trust it during the build.
 #
 # Examples
 #   docker build -t gt-serve:cpu .
+#   docker build -t gt-serve:cpu --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt .        # behind a proxy
+#   docker build -t gt-serve:cpu --network none --build-arg BASE_IMAGE=... --build-arg WHEELHOUSE=wheelhouse .
 #   docker build -t gt-serve:gpu --build-arg BASE_IMAGE=nvcr.io/nvidia/cuda:12.6.3-cudnn-runtime-ubuntu22.04 \
 #       --build-arg GT_EXTRAS=gpu,cluster .
 #   docker build -t gt-serve:jetson --platform linux/arm64 --build-arg BASE_IMAGE=dustynv/l4t-ml:r36.2.0 \
@@ -29,25 +39,32 @@
 
 ARG BASE_IMAGE=python:3.11-slim
 
+# ---------------------------------------------------------------- python: the interpreter all stages share
+FROM ${BASE_IMAGE} AS python
+
+# Bare Debian / CUDA / L4T images have no Python. Package versions are not pinned: the same line must
+# work on Debian, Ubuntu 22.04 (CUDA) and L4T, whose archives carry different versions.
+# hadolint ignore=DL3008
+RUN --mount=type=secret,id=ca \
+    if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then \
+        if [ -s /run/secrets/ca ]; then set -- -o Acquire::https::CAInfo=/run/secrets/ca; else set --; fi; \
+        apt-get "$@" update \
+        && DEBIAN_FRONTEND=noninteractive apt-get "$@" install -y --no-install-recommends python3 python3-venv \
+        && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin; \
+    fi
+
 # ---------------------------------------------------------------- builder: wheel + virtual environment
-FROM ${BASE_IMAGE} AS builder
+FROM python AS builder
 
 ARG GT_EXTRAS=""
 ARG GT_SYSTEM_SITE_PACKAGES=0
+ARG WHEELHOUSE=""
+ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-
-# Bare CUDA / L4T images have no Python. Package versions are not pinned: the same line must work on
-# Debian (python:*-slim), Ubuntu 22.04 (CUDA) and L4T, whose archives carry different versions.
-# hadolint ignore=DL3008
-RUN if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then \
-        apt-get update \
-        && apt-get install -y --no-install-recommends python3 python3-venv python3-pip \
-        && rm -rf /var/lib/apt/lists/*; \
-    fi
 
 RUN if [ "${GT_SYSTEM_SITE_PACKAGES}" = "1" ]; then \
         python3 -m venv --system-site-packages /opt/venv; \
@@ -55,35 +72,68 @@ RUN if [ "${GT_SYSTEM_SITE_PACKAGES}" = "1" ]; then \
         python3 -m venv /opt/venv; \
     fi
 
+# Dependencies first, in a layer keyed by pyproject.toml (and the wheelhouse) only: a change to the
+# sources rebuilds the last layer, not the ~300 MB of dependencies. The stub project has the real
+# dependency list and no code; the empty README stands in for the real one (project.readme).
+COPY pyproject.toml /deps/pyproject.toml
+COPY wheelhouse* /wheelhouse/
+
+# pip installs the dependencies (and the requested extras) into /opt/venv; only /opt/venv reaches the
+# runtime. WHEELHOUSE=wheelhouse: from the copied wheelhouse only (--no-index), for --network none.
+# onnxruntime and onnxruntime-gpu ship the same "onnxruntime" module: when the gpu extra (or a Jetson
+# base image's system site-packages) brings onnxruntime-gpu, the CPU distribution is removed and
+# onnxruntime-gpu reinstalled over the files the removal took away.
+RUN --mount=type=secret,id=ca \
+    set -eu; \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    [ -n "${PIP_INDEX_URL:-}" ] || unset PIP_INDEX_URL; \
+    [ -n "${PIP_EXTRA_INDEX_URL:-}" ] || unset PIP_EXTRA_INDEX_URL; \
+    case "${WHEELHOUSE}" in \
+        "") set -- ;; \
+        wheelhouse) set -- --no-index --find-links /wheelhouse ;; \
+        *) echo "WHEELHOUSE must be empty or 'wheelhouse' (the folder in the build context)" >&2; exit 2 ;; \
+    esac; \
+    mkdir -p /deps/gt_serve && touch /deps/README.md; \
+    /opt/venv/bin/pip install --no-cache-dir "$@" "/deps${GT_EXTRAS:+[${GT_EXTRAS}]}"; \
+    /opt/venv/bin/pip uninstall --yes --quiet gt_serve; \
+    where_gpu="$(/opt/venv/bin/python -c "import importlib.metadata as m, sys; \
+m.version('onnxruntime'); d = m.distribution('onnxruntime-gpu'); \
+print('venv' if str(d.locate_file('')).startswith(sys.prefix) else 'system')" 2>/dev/null || true)"; \
+    if [ -n "${where_gpu}" ]; then \
+        gpu_version="$(/opt/venv/bin/python -c "import importlib.metadata as m; print(m.version('onnxruntime-gpu'))")"; \
+        /opt/venv/bin/pip uninstall --yes onnxruntime; \
+        if [ "${where_gpu}" = "venv" ]; then \
+            /opt/venv/bin/pip install --no-cache-dir --no-deps --force-reinstall "$@" "onnxruntime-gpu==${gpu_version}"; \
+        fi; \
+    fi
+
+# The package itself: pip builds its wheel from the sources (PEP 517; setuptools comes from the
+# index, or from the wheelhouse offline) and installs it without touching the dependencies.
 WORKDIR /src
 COPY . /src
+RUN --mount=type=secret,id=ca \
+    set -eu; \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    [ -n "${PIP_INDEX_URL:-}" ] || unset PIP_INDEX_URL; \
+    [ -n "${PIP_EXTRA_INDEX_URL:-}" ] || unset PIP_EXTRA_INDEX_URL; \
+    if [ -n "${WHEELHOUSE}" ]; then set -- --no-index --find-links /wheelhouse; else set -- ; fi; \
+    /opt/venv/bin/pip install --no-cache-dir --no-deps "$@" /src \
+    && /opt/venv/bin/gt-serve --help >/dev/null
 
-# pip builds the gt_serve wheel from the source tree (PEP 517) and installs it with its dependencies
-# (and the requested extras) into /opt/venv; only /opt/venv reaches the runtime stage.
-# On arm64 the package depends on PyPI's CPU-only "onnxruntime"; when a CUDA build ("onnxruntime-gpu",
-# e.g. preinstalled in a Jetson base image and seen through GT_SYSTEM_SITE_PACKAGES=1) is visible too,
-# the CPU copy would shadow it, so it is removed again.
-RUN /opt/venv/bin/pip install --no-cache-dir "/src${GT_EXTRAS:+[${GT_EXTRAS}]}" \
-    && if /opt/venv/bin/python -c "import importlib.metadata as m; m.version('onnxruntime-gpu'); m.version('onnxruntime')" \
-            >/dev/null 2>&1; then \
-           /opt/venv/bin/pip uninstall --yes onnxruntime; \
-       fi \
+# What the server never runs stays out of the image (~60 MB): pip and setuptools (nothing is installed
+# at run time), NumPy's test suites and ONNX's backend test data.
+RUN /opt/venv/bin/python -m pip uninstall --yes --quiet pip setuptools \
+    && find /opt/venv/lib -depth -type d -name tests -path "*/site-packages/numpy/*" -exec rm -rf {} + \
+    && rm -rf /opt/venv/lib/python3*/site-packages/onnx/backend/test/data \
     && /opt/venv/bin/gt-serve --help >/dev/null
 
 # ---------------------------------------------------------------- runtime
-FROM ${BASE_IMAGE} AS runtime
+FROM python AS runtime
 
 LABEL org.opencontainers.image.title="gt-serve" \
       org.opencontainers.image.description="KServe V2 / Triton-protocol inference server (HTTP + gRPC) for ONNX models"
 
-# The interpreter the venv points at (see the builder stage for why versions are not pinned).
-# hadolint ignore=DL3008
-RUN if ! command -v python3 >/dev/null 2>&1; then \
-        apt-get update \
-        && apt-get install -y --no-install-recommends python3 \
-        && rm -rf /var/lib/apt/lists/*; \
-    fi \
-    && groupadd --system --gid 10001 gtserve \
+RUN groupadd --system --gid 10001 gtserve \
     && useradd --system --no-log-init --uid 10001 --gid 10001 --home-dir /home/gtserve --create-home \
        --shell /usr/sbin/nologin gtserve \
     && mkdir -p /models /config \
