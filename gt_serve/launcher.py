@@ -65,9 +65,11 @@ class ServerProcess:
 
 
 def launch(args: list[str], *, workdir: Path | None = None, env: dict | None = None, timeout_s: float = 90.0,
-           repo: Path | None = None, poll_s: float = 0.05, command: list[str] | None = None) -> ServerProcess:
+           repo: Path | None = None, poll_s: float = 0.05, command: list[str] | None = None,
+           wait_ready: bool = True) -> ServerProcess:
     """Run `python -m gt_serve ARGS` (or `command ARGS`, any server taking gt-serve's flags) bound to
-    127.0.0.1 on free ports; return once /v2/health/ready is 200."""
+    127.0.0.1 on free ports; return once /v2/health/ready is 200 (wait_ready=False: once the listeners are
+    open and the ports known, models possibly still loading)."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="gt_serve_run_"))
     stamp = time.monotonic_ns()
     port_file = workdir / f"ports-{stamp}.json"
@@ -98,6 +100,8 @@ def launch(args: list[str], *, workdir: Path | None = None, env: dict | None = N
     if server is None:
         proc.kill()
         raise RuntimeError(f"gt-serve wrote no port file within {timeout_s}s:\n{log_path.read_text()}")
+    if not wait_ready:
+        return server
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
     while time.monotonic() < deadline:
         try:
