@@ -1,7 +1,9 @@
-"""Per-model queue: bounded, one Future per request, deadlines, priorities; splits results back.
+"""Per-model queue: bounded, one Future per request, deadlines, priorities.
 
-The batcher only queues and forms batches (with batch_policy.form_batch); the StreamScheduler
-decides when and on which lane a formed batch runs.
+The batcher only queues and forms batches (with batch_policy.form_batch). It is complete when
+constructed: `wake` (the StreamScheduler's `notify`) is passed in and called after each submit; it
+knows no lane or runner. Its ModelExecutor owns it and resolves the futures when a batch returns;
+the scheduler decides when and on which lane a formed batch runs.
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import DeadlineExceeded, QueueFull, Unavailable
 from .batch_policy import BatchConfig, BatchDecision, form_batch
@@ -41,19 +43,22 @@ class Entry:
         self.context = context
 
 
-@dataclass(eq=False)
 class Batch:
-    batcher: "Batcher"
-    entries: list[Entry]
-    size: int
+    """Requests taken from the queue to run together; `size` is their total batch size."""
+
+    __slots__ = ("entries", "size")
+
+    def __init__(self, entries: list[Entry], size: int) -> None:
+        self.entries = entries
+        self.size = size
 
 
 class Batcher:
     """Queue for one model version. All methods run on the event loop thread."""
 
-    def __init__(self, name: str, batch_cfg: BatchConfig, queue_policy: QueuePolicy, *,
-                 priority_levels: int = 0, default_priority: int = 0, weight: float = 1.0,
-                 lanes: tuple = (), loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, name: str, batch_cfg: BatchConfig, queue_policy: QueuePolicy, *, wake: Callable[[], None],
+                 priority_levels: int = 0, default_priority: int = 0,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.name = name
         self.cfg = batch_cfg
         self.policy = queue_policy
@@ -61,17 +66,9 @@ class Batcher:
         self.default_priority = default_priority if 1 <= default_priority <= self.levels else (self.levels + 1) // 2
         self._queues: list[deque[Entry]] = [deque() for _ in range(self.levels)]
         self.pending = 0
-        self.weight = weight
-        self.lanes = lanes  # lanes this model may run on (set by the host)
-        self.runner_for_lane: dict = {}  # lane_id -> job factory (set by the host)
-        self.virtual_ns = 0.0
-        self.in_flight = 0
-        self.closed: str | None = None
+        self.closed: str | None = None  # why submissions are refused (the model is unloading)
         self._loop = loop
-        self.scheduler = None  # set when registered
-        self.stats = None  # the model version's ModelStats (set by the host)
-        self.model = None  # the LoadedModel (set by the host)
-        self.close_when_idle = None  # called once the last in-flight batch returns after an unload
+        self._wake = wake  # StreamScheduler.notify: a batch may be ready
 
     # -- submit (hot path) ----------------------------------------------------------------------
     def submit(self, feeds: dict, batch_size: int, shape_key: tuple, priority: int = 0,
@@ -91,8 +88,12 @@ class Batcher:
             entry.timer = loop.call_at(loop.time() + max(0.0, deadline_s - time.monotonic()), self._expire, entry)
         elif timeout_s > 0:
             entry.timer = loop.call_later(timeout_s, self._expire, entry)
-        self.scheduler.notify(self)
+        self._wake()
         return future
+
+    def close(self, reason: str) -> None:
+        """Refuse new requests with Unavailable(reason); what is queued stays (drained or failed)."""
+        self.closed = reason
 
     def _expire(self, entry: Entry) -> None:
         if entry.dispatch_ns or entry.future.done():
@@ -104,7 +105,7 @@ class Batcher:
             f"model '{self.name}': request timed out in the queue after {waited_ms:.1f} ms"))
         # removed lazily when the batch is formed
 
-    # -- batch formation (scheduler) ------------------------------------------------------------
+    # -- batch formation (scheduler, through the executor) ----------------------------------------
     def _compatible_head(self, limit: int) -> list[Entry]:
         """Live queued entries in priority order that can share one batch with the first one."""
         out: list[Entry] = []
@@ -158,8 +159,7 @@ class Batcher:
             if kept:
                 q.extendleft(reversed(kept))
         self.pending -= len(entries)
-        self.in_flight += 1
-        return Batch(self, entries, size)
+        return Batch(entries, size)
 
     def purge_done(self) -> None:
         """Drop entries whose futures are already done (timed out, cancelled) and recount."""

@@ -3,6 +3,10 @@
 Event-driven on the loop: a submit or a finished batch schedules one `pump`; a model waiting out
 its queue delay arms one timer. A hot model cannot starve a cold one: among models with a batch
 ready, the one with the least weighted compute time served goes first.
+
+The scheduler reads each executor's queue and its lanes' `busy` flags and calls
+`executor.dispatch(entries, lane)`; it writes no lane or queue state itself. The executor tells it
+when a batch came back (`finished`), which charges the model's fair share and pumps again.
 """
 from __future__ import annotations
 
@@ -11,100 +15,97 @@ import logging
 import time
 from typing import Callable
 
-from .batcher import Batch, Batcher
+from .batcher import Entry
+from .model_executor import ModelExecutor
 
 log = logging.getLogger(__name__)
 _now_ns = time.monotonic_ns
+_NEVER = float("inf")
 
-# choose_lane(batcher, idle_lanes) -> lane; the router plugs in here
-LaneChooser = Callable[[Batcher, list], object]
+# choose_lane(executor, idle_lanes) -> lane; the router plugs in here
+LaneChooser = Callable[[ModelExecutor, list], object]
 
 
 class StreamScheduler:
-    def __init__(self, loop: asyncio.AbstractEventLoop, lanes: list, *, choose_lane: LaneChooser | None = None,
-                 on_batch_done: Callable | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, lanes: list, *, choose_lane: LaneChooser | None = None) -> None:
         self.loop = loop
         self.lanes = lanes
-        self._batchers: list[Batcher] = []
+        self._executors: list[ModelExecutor] = []
+        self._virtual_ns: dict[ModelExecutor, float] = {}  # compute time served per executor (fair share)
         self._pump_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = float("inf")
-        self._choose_lane = choose_lane or (lambda batcher, idle: idle[0])
-        self.on_batch_done = on_batch_done  # (batch, lane, result, exc) -> None, runs on the loop
+        self._timer_at = _NEVER
+        self._choose_lane = choose_lane or (lambda executor, idle: idle[0])
         self.batches_dispatched = 0
 
-    def register(self, batcher: Batcher) -> None:
-        batcher.scheduler = self
+    def register(self, executor: ModelExecutor) -> None:
         # a newcomer starts at the current minimum so it neither starves others nor is starved
-        batcher.virtual_ns = min((b.virtual_ns for b in self._batchers), default=0.0)
-        self._batchers.append(batcher)
+        self._virtual_ns[executor] = min(self._virtual_ns.values(), default=0.0)
+        self._executors.append(executor)
 
-    def unregister(self, batcher: Batcher) -> None:
-        if batcher in self._batchers:
-            self._batchers.remove(batcher)
+    def unregister(self, executor: ModelExecutor) -> None:
+        if executor in self._virtual_ns:
+            del self._virtual_ns[executor]
+            self._executors.remove(executor)
 
-    def notify(self, batcher: Batcher | None = None) -> None:
+    def notify(self) -> None:
         if not self._pump_scheduled:
             self._pump_scheduled = True
             self.loop.call_soon(self._pump)
 
+    def finished(self, executor: ModelExecutor, elapsed_ns: int) -> None:
+        """One of `executor`'s batches came back after `elapsed_ns` on its lane."""
+        if executor in self._virtual_ns:
+            self._virtual_ns[executor] += elapsed_ns
+        self.notify()
+
     def _on_timer(self) -> None:
         self._timer = None
-        self._timer_at = float("inf")
+        self._timer_at = _NEVER
         self._pump()
 
     def _pump(self) -> None:
         self._pump_scheduled = False
         now_ns = _now_ns()
-        wake_s = float("inf")
+        wake_s = _NEVER
         while True:
-            ready = []
-            for b in self._batchers:
-                if not b.pending:
-                    continue
-                idle = [lane for lane in b.lanes if not lane.busy]
-                decision, head = b.decide(now_ns, len(idle))
-                if decision.take:
-                    ready.append((b.virtual_ns / b.weight, b, head[:decision.take], idle))
-                elif decision.wait_s != float("inf"):
-                    wake_s = min(wake_s, decision.wait_s)
-            if not ready:
+            ready, wait_s = self._next_batch(now_ns)
+            wake_s = min(wake_s, wait_s)
+            if ready is None:
                 break
-            ready.sort(key=lambda r: r[0])
-            _, batcher, entries, idle = ready[0]
-            lane = self._choose_lane(batcher, idle)
-            self._dispatch(batcher, batcher.take(entries), lane)
-        if wake_s != float("inf"):
-            at = self.loop.time() + wake_s
-            if at < self._timer_at:
-                if self._timer is not None:
-                    self._timer.cancel()
-                self._timer_at = at
-                self._timer = self.loop.call_at(at, self._on_timer)
+            executor, entries, idle = ready
+            self.batches_dispatched += 1
+            executor.dispatch(entries, self._choose_lane(executor, idle))
+        if wake_s != _NEVER:
+            self._arm_timer(self.loop.time() + wake_s)
 
-    def _dispatch(self, batcher: Batcher, batch: Batch, lane) -> None:
-        job = batcher.runner_for_lane[lane.lane_id](batch)
-        self.batches_dispatched += 1
-        start_ns = _now_ns()
+    def _next_batch(self, now_ns: int) -> tuple[tuple[ModelExecutor, list[Entry], list] | None, float]:
+        """The batch to run next (the least-served model with one ready), and how long until another may be."""
+        best, best_key, wake_s = None, _NEVER, _NEVER
+        virtual = self._virtual_ns
+        for executor in self._executors:
+            batcher = executor.batcher
+            if not batcher.pending:
+                continue
+            idle = [lane for lane in executor.lanes if not lane.busy]
+            decision, head = batcher.decide(now_ns, len(idle))
+            if decision.take:
+                key = virtual[executor] / executor.weight
+                if best is None or key < best_key:
+                    best, best_key = (executor, head[:decision.take], idle), key
+            elif decision.wait_s < wake_s:
+                wake_s = decision.wait_s
+        return best, wake_s
 
-        def done(result, exc, batch=batch, lane=lane, start_ns=start_ns):
-            lane.busy = False
-            elapsed = _now_ns() - start_ns
-            lane.busy_ns += elapsed
-            lane.batches_run += 1
-            batcher.in_flight -= 1
-            batcher.virtual_ns += elapsed
-            try:
-                if self.on_batch_done is not None:
-                    self.on_batch_done(batch, lane, result, exc)
-            except Exception:  # never let bookkeeping break the scheduler
-                log.exception("batch completion failed for model %s", batcher.name)
-            self.notify()
-
-        lane.submit(job, done)
+    def _arm_timer(self, at: float) -> None:
+        if at < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = at
+            self._timer = self.loop.call_at(at, self._on_timer)
 
     def idle(self) -> bool:
-        return not any(b.pending or b.in_flight for b in self._batchers)
+        return not any(e.pending or e.in_flight for e in self._executors)
 
     def stop(self) -> None:
         if self._timer is not None:

@@ -97,34 +97,3 @@ class SimpleArrayBackend:
             out.append(batch[offset:offset + n])
             offset += n
         return out
-
-
-def make_job_factory(backend: Any, pool: Any = None, lane_backends: dict | None = None, io_binding: str = "auto"):
-    """job_factory(runner, batch, spec, lane=None) for the model host: one job per formed batch.
-
-    A runner whose session computes on a GPU (the provider it really got) runs `BoundBatchJob`s
-    with its lane's device backend (`lane_backends[lane_id]`): IO binding to pooled device
-    buffers. With io_binding "always", CPU sessions bind their host buffers too; "never" keeps
-    every lane on the plain path. Otherwise a `BatchJob`: packed batch inputs live in reused
-    size-class buffers of `pool` (a HostBufferPool)."""
-    from .bound_job import BoundBatchJob
-
-    lane_backends = lane_backends or {}
-
-    def bound_backend(runner: Any, lane: Any):
-        if io_binding == "never" or not getattr(runner, "bindable", False):
-            return None
-        if getattr(runner, "on_gpu", False):
-            return lane_backends.get(getattr(lane, "lane_id", None))
-        return backend if io_binding == "always" and hasattr(backend, "empty") else None
-
-    def job_factory(runner: Any, batch: Any, spec: Any, lane: Any = None):
-        entries = batch.entries
-        device_backend = bound_backend(runner, lane)
-        if device_backend is not None:
-            return BoundBatchJob(runner, device_backend, [e.feeds for e in entries], [e.batch_size for e in entries],
-                                 spec.input_order, list(spec.output_order), pool)
-        return BatchJob(runner, backend, [e.feeds for e in entries], [e.batch_size for e in entries],
-                        spec.input_order, list(spec.output_order), pool)
-
-    return job_factory

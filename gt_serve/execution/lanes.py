@@ -1,7 +1,11 @@
 """A lane = one worker thread (+ a CUDA stream on a GPU) that runs batch jobs off the event loop.
 
-Jobs are plain callables; the result (or exception) is handed back to the loop with one
-call_soon_threadsafe per batch. onnxruntime releases the GIL while it computes.
+Jobs are plain callables. `submit(job, reply, tag)` marks the lane busy and queues the job; the
+lane thread runs it, times it, and hands the result (or exception) back to the loop with one
+call_soon_threadsafe per batch, where the lane first does its own bookkeeping (`finish`) and then
+calls `reply(tag, lane, result, exc, elapsed_ns)`: the submitter's own completion method, passed
+with the work like a future, not installed on the lane. onnxruntime releases the GIL while it
+computes.
 """
 from __future__ import annotations
 
@@ -9,12 +13,15 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
-Done = Callable[[Any, BaseException | None], None]
+# reply(tag, lane, result, exc, elapsed_ns), called on the loop once the job has run
+Reply = Callable[[Any, "Lane", Any, "BaseException | None", int], None]
+_now_ns = time.perf_counter_ns
 
 
 @dataclass(eq=False)
@@ -33,9 +40,20 @@ class Lane:
         self._thread = threading.Thread(target=self._work, name=f"lane-{self.lane_id}", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Callable[[], Any], done: Done) -> None:
+    def submit(self, job: Callable[[], Any], reply: Reply, tag: Any) -> None:
+        """Queue `job`; `reply(tag, self, result, exc, elapsed_ns)` runs on the loop when it is done."""
         self.busy = True
-        self._jobs.put((job, done))
+        self._jobs.put((job, reply, tag))
+
+    def finish(self, elapsed_ns: int) -> None:
+        """Bookkeeping for one finished batch, on the loop thread (the only writer of these fields)."""
+        self.busy = False
+        self.busy_ns += elapsed_ns
+        self.batches_run += 1
+
+    def _finished(self, reply: Reply, tag: Any, result: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+        self.finish(elapsed_ns)
+        reply(tag, self, result, exc, elapsed_ns)
 
     def _work(self) -> None:
         call = self.loop.call_soon_threadsafe
@@ -43,7 +61,8 @@ class Lane:
             item = self._jobs.get()
             if item is None:
                 return
-            job, done = item
+            job, reply, tag = item
+            start_ns = _now_ns()
             try:
                 if self.stream is not None:
                     with self.stream:
@@ -54,7 +73,7 @@ class Lane:
             except BaseException as e:  # handed to the loop: the batch fails, the lane lives on
                 result, exc = None, e
             try:
-                call(done, result, exc)
+                call(self._finished, reply, tag, result, exc, _now_ns() - start_ns)
             except RuntimeError:  # loop closed during shutdown
                 return
 

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from gt_serve import model_builders as mb
-from gt_serve.execution.batch_job import BatchJob, make_job_factory
+from gt_serve.execution.batch_job import BatchJob
 from gt_serve.execution.bound_job import BoundBatchJob
+from gt_serve.execution.job_factory import JobFactory
 from gt_serve.execution.memory_pool import HostBufferPool
 
 pytestmark = pytest.mark.gpu
@@ -83,7 +84,7 @@ def test_bound_batch_job_on_a_cuda_session(cp, mlp_path):
     lane = SimpleNamespace(lane_id="gpu0.0")
     batch = SimpleNamespace(entries=[SimpleNamespace(feeds={"INPUT": np.zeros((1, 256), np.float32)}, batch_size=1)])
     spec = SimpleNamespace(input_order=["INPUT"], output_order=["OUTPUT"])
-    job = make_job_factory(SimpleNamespace(name="numpy"), lane_backends={"gpu0.0": backend})(runner, batch, spec, lane)
+    job = JobFactory(SimpleNamespace(name="numpy"), lane_backends={"gpu0.0": backend})(runner, batch, spec, lane)
     if not _ort_has_cuda():
         # the lent machine's onnxruntime may be CPU-only: the fallback must be visible and safe
         assert runner.provider == "CPUExecutionProvider" and not runner.on_gpu

@@ -14,8 +14,9 @@ import pytest
 from gt_serve import model_builders as mb
 from gt_serve.backends.numpy_backend import NumpyBackend
 from gt_serve.backends.onnx_runner import OnnxRunner, buffer_pointer
-from gt_serve.execution.batch_job import BatchJob, make_job_factory
+from gt_serve.execution.batch_job import BatchJob
 from gt_serve.execution.bound_job import BoundBatchJob
+from gt_serve.execution.job_factory import JobFactory
 from gt_serve.execution.memory_pool import HostBufferPool
 
 
@@ -172,11 +173,11 @@ def test_job_factory_chooses_by_mode_and_by_the_provider_obtained(models):
     spec = SimpleNamespace(input_order=["INPUT"], output_order=["OUTPUT"])
     lane = SimpleNamespace(lane_id="cpu.0")
     backend = NumpyBackend()
-    assert type(make_job_factory(backend)(runner, batch, spec, lane)) is BatchJob  # auto: GPU sessions only
-    assert type(make_job_factory(backend, io_binding="always")(runner, batch, spec, lane)) is BoundBatchJob
-    assert type(make_job_factory(backend, io_binding="always")(strings, batch, spec, lane)) is BatchJob
-    assert type(make_job_factory(backend, io_binding="never")(runner, batch, spec, lane)) is BatchJob
+    assert type(JobFactory(backend)(runner, batch, spec, lane)) is BatchJob  # auto: GPU sessions only
+    assert type(JobFactory(backend, io_binding="always")(runner, batch, spec, lane)) is BoundBatchJob
+    assert type(JobFactory(backend, io_binding="always")(strings, batch, spec, lane)) is BatchJob
+    assert type(JobFactory(backend, io_binding="never")(runner, batch, spec, lane)) is BatchJob
     # a session asked for CUDA that got the CPU provider is no GPU session: no device backend for it
     assert not runner.on_gpu
-    factory = make_job_factory(backend, lane_backends={"gpu0.0": object()})
+    factory = JobFactory(backend, lane_backends={"gpu0.0": object()})
     assert type(factory(runner, batch, spec, SimpleNamespace(lane_id="gpu0.0"))) is BatchJob

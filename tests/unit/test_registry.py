@@ -8,7 +8,8 @@ from gt_serve import model_builders as mb
 from gt_serve.backends.onnx_runner import OnnxRunner, describe_model
 from gt_serve.core.model_host import LocalModelHost
 from gt_serve.core.stream_scheduler import StreamScheduler
-from gt_serve.execution.batch_job import SimpleArrayBackend, make_job_factory
+from gt_serve.execution.batch_job import SimpleArrayBackend
+from gt_serve.execution.job_factory import JobFactory
 from gt_serve.execution.lanes import Lane
 from gt_serve.core.model_config import model_config_json
 from gt_serve.core.registry import ModelRegistry
@@ -23,7 +24,7 @@ class RecordingHost(LocalModelHost):
         lanes = [Lane("cpu.0", "cpu", loop)]
         lanes[0].start()
         super().__init__(loop, StreamScheduler(loop, lanes), lanes,
-                         lambda path, device, lane: OnnxRunner(path), make_job_factory(SimpleArrayBackend()))
+                         lambda path, device, lane: OnnxRunner(path), JobFactory(SimpleArrayBackend()))
         self.opened, self.closed = [], []
 
     def open(self, model):
@@ -114,7 +115,7 @@ def test_instance_group_count_limits_lanes(tmp_path):
         for lane in lanes:
             lane.start()
         host = LocalModelHost(loop, StreamScheduler(loop, lanes), lanes,
-                              lambda path, device, lane: OnnxRunner(path), make_job_factory(SimpleArrayBackend()))
+                              lambda path, device, lane: OnnxRunner(path), JobFactory(SimpleArrayBackend()))
         mb.scale(tmp_path / "one" / "1" / "model.onnx")
         (tmp_path / "one" / "config.pbtxt").write_text("instance_group [ { kind: KIND_CPU count: 1 } ]\n")
         mb.scale(tmp_path / "all" / "1" / "model.onnx")

@@ -1,5 +1,5 @@
-"""Batcher + stream scheduler on real lanes (worker threads): work conservation, batching under load,
-queue limits, timeouts, priorities and fair share between models.
+"""ModelExecutor + batcher + stream scheduler on real lanes (worker threads): work conservation,
+batching under load, queue limits, timeouts, priorities and fair share between models.
 
 The batch jobs here are gated callables instead of onnxruntime sessions, so each test decides exactly
 when a lane finishes: scheduling order is then deterministic (the end-to-end path with real sessions
@@ -7,11 +7,15 @@ is covered by the integration tests)."""
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from gt_serve.core.batch_completion import BatchCompletion
 from gt_serve.core.batch_policy import BatchConfig
 from gt_serve.core.batcher import Batcher, QueuePolicy
+from gt_serve.core.model_executor import ModelExecutor
+from gt_serve.core.statistics import ModelStats
 from gt_serve.core.stream_scheduler import StreamScheduler
 from gt_serve.errors import DeadlineExceeded, QueueFull
 from gt_serve.execution.lanes import Lane
@@ -25,15 +29,14 @@ class Gate:
         self.started = threading.Semaphore(0)
         self._go = threading.Semaphore(0)
 
-    def job_for(self, batcher):
-        def make(batch):
-            def run():
-                self.ran.append((batcher.name, [e.feeds["tag"] for e in batch.entries]))
-                self.started.release()
-                assert self._go.acquire(timeout=10)
-                return [[e.feeds["tag"]] for e in batch.entries], (0, 0, 0)
-            return run
-        return make
+    def job_factory(self, runner, batch, spec, lane):
+        """A JobFactory: `runner` is the model's name here."""
+        def run():
+            self.ran.append((runner, [e.feeds["tag"] for e in batch.entries]))
+            self.started.release()
+            assert self._go.acquire(timeout=10)
+            return [[e.feeds["tag"]] for e in batch.entries], (0, 0, 0)
+        return run
 
     def release(self, n=1):
         for _ in range(n):
@@ -49,23 +52,17 @@ def setup(loop, n_lanes=1):
     lanes = [Lane(f"cpu.{i}", "cpu", loop) for i in range(n_lanes)]
     for lane in lanes:
         lane.start()
-    sched = StreamScheduler(loop, lanes)
-
-    def done(batch, lane, result, exc):
-        outputs, _ = result
-        for e, out in zip(batch.entries, outputs):
-            if not e.future.done():
-                e.future.set_result(out)
-
-    sched.on_batch_done = done
-    return lanes, sched
+    return lanes, StreamScheduler(loop, lanes)
 
 
 def make_batcher(sched, lanes, gate, name, mbs=8, delay_s=0.0, policy=QueuePolicy(), levels=0, weight=1.0):
-    b = Batcher(name, BatchConfig(mbs, (), delay_s), policy, priority_levels=levels, weight=weight, lanes=tuple(lanes))
-    b.runner_for_lane = {lane.lane_id: gate.job_for(b) for lane in lanes}
-    sched.register(b)
-    return b
+    """The model's executor (submit, pending, batcher) on `lanes`, registered with `sched`."""
+    batcher = Batcher(name, BatchConfig(mbs, (), delay_s), policy, wake=sched.notify, priority_levels=levels)
+    executor = ModelExecutor(batcher, {lane: name for lane in lanes}, gate.job_factory,
+                             BatchCompletion(name, ModelStats(name, "1")), sched,
+                             SimpleNamespace(input_order=["tag"], output_order=["tag"]), weight=weight)
+    sched.register(executor)
+    return executor
 
 
 def submit(b, tag, **kw):
@@ -121,7 +118,7 @@ def test_full_queue_is_refused_at_once_and_timeouts_fail_clearly():
         queued = [submit(b, 1), submit(b, 2)]
         with pytest.raises(QueueFull, match="queue is full"):
             submit(b, 3)
-        b.policy = QueuePolicy(max_queue_size=3)
+        b.batcher.policy = QueuePolicy(max_queue_size=3)
         late = submit(b, 4, deadline_s=time.monotonic() + 0.05)
         with pytest.raises(DeadlineExceeded, match="timed out in the queue"):
             await asyncio.wait_for(late, 10)
@@ -200,7 +197,7 @@ def test_requests_that_went_away_are_purged_not_run():
         await wait_started(gate)
         gone, kept = submit(b, 1), submit(b, 2)
         gone.cancel()  # the client went away
-        b.purge_done()
+        b.batcher.purge_done()
         assert b.pending == 1
         gate.release(2)
         assert await asyncio.wait_for(asyncio.gather(running, kept), 10) == [[0], [2]]

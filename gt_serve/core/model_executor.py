@@ -1,0 +1,121 @@
+"""One loaded model version at work: its queue, its sessions on its lanes, its batch jobs, its completions.
+
+A request's path, each hop a direct call or one queue:
+
+    DataPlane.infer -> ModelExecutor.submit (= Batcher.submit: the request's future) -> StreamScheduler.notify
+    StreamScheduler._pump -> Batcher.decide -> ModelExecutor.dispatch -> Batcher.take -> job_factory -> Lane.submit
+    lane thread: job() -> InferenceSession.run -> loop.call_soon_threadsafe (the one queue back)
+    loop: Lane.finish -> ModelExecutor._complete -> BatchCompletion.resolve (futures, stats, energy)
+          -> StreamScheduler.finished (fair share, next pump)
+
+The executor is complete when constructed: everything it calls is passed in. It keeps no callback
+of anyone above it; the lane calls back the `_complete` it was handed with the job, like a future.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable, Mapping, Protocol
+
+from ..errors import Unavailable
+from .batch_completion import BatchCompletion
+from .batcher import Batch, Batcher, Entry
+
+log = logging.getLogger(__name__)
+
+# job_factory(runner, batch, spec, lane) -> the zero-argument job the lane runs (execution.job_factory.JobFactory)
+JobFactory = Callable[[Any, Batch, Any, Any], Callable[[], Any]]
+
+
+class SchedulerLink(Protocol):
+    """What an executor needs of the StreamScheduler (its batcher holds `notify`)."""
+
+    def finished(self, executor: ModelExecutor, elapsed_ns: int) -> None: ...
+
+    def unregister(self, executor: ModelExecutor) -> None: ...
+
+
+class ModelExecutor:
+    """Runs one model version's batches on its lanes: `submit` a request (its future comes back), the
+    scheduler calls `dispatch`, the lane replies to `_complete`; `close` drains it on unload. All methods
+    but `release` run on the loop thread."""
+
+    def __init__(self, batcher: Batcher, runners: Mapping[Any, Any], job_factory: JobFactory,
+                 completion: BatchCompletion, scheduler: SchedulerLink, spec: Any, *,
+                 version: str = "", weight: float = 1.0) -> None:
+        self.name = batcher.name
+        self.version = version
+        self.batcher = batcher
+        # the hot path: the data plane calls the queue directly (one call per request, as before the executor);
+        # the batcher wakes the scheduler it was built with
+        self.submit: Callable[..., asyncio.Future] = batcher.submit
+        self.lanes = tuple(runners)  # the lanes this model may run on, each with its runner
+        self.weight = weight
+        self.in_flight = 0  # batches handed to a lane and not yet back
+        self._runners = dict(runners)
+        self._job_factory = job_factory
+        self._completion = completion
+        self._scheduler = scheduler
+        self._spec = spec
+        self._drained = asyncio.Event()  # set when a closed executor has nothing queued or running
+        self._release_when_idle = False
+        self._released = False
+
+    @property
+    def pending(self) -> int:
+        return self.batcher.pending
+
+    @property
+    def runners(self) -> list:
+        return list(dict.fromkeys(self._runners.values()))
+
+    # -- batches --------------------------------------------------------------------------------
+    def dispatch(self, entries: list[Entry], lane: Any) -> None:
+        """Called by the scheduler: take `entries` off the queue and run them as one batch on `lane`."""
+        batch = self.batcher.take(entries)
+        self.in_flight += 1
+        lane.submit(self._job_factory(self._runners[lane], batch, self._spec, lane), self._complete, batch)
+
+    def _complete(self, batch: Batch, lane: Any, result: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+        """The lane's reply, on the loop: resolve the batch's futures, then let the scheduler go on."""
+        self.in_flight -= 1
+        try:
+            self._completion.resolve(batch, lane, result, exc)
+        except Exception:  # never let bookkeeping stall the queue
+            log.exception("batch completion failed for model %s", self.name)
+        self._scheduler.finished(self, elapsed_ns)
+        if self.batcher.closed is not None and not self.in_flight and not self.batcher.pending:
+            self._on_drained()
+
+    # -- unload ---------------------------------------------------------------------------------
+    async def close(self, drain_timeout_s: float) -> None:
+        """Refuse new requests, let queued and running ones finish for up to `drain_timeout_s`, fail the
+        rest, leave the scheduler; sessions are released now or when the last running batch returns."""
+        self.batcher.close(f"model '{self.name}' version {self.version} is unloading")
+        self.batcher.purge_done()  # requests that already timed out or went away need no draining
+        if self.batcher.pending or self.in_flight:
+            try:
+                await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        failed = self.batcher.fail_all(Unavailable(f"model '{self.name}' was unloaded before the request ran"))
+        if failed:
+            log.warning("model %s: %d queued requests failed at unload", self.name, failed)
+        self._scheduler.unregister(self)
+        if self.in_flight == 0:
+            self.release()
+        else:  # a batch still running past the deadline: release its sessions when it returns
+            self._release_when_idle = True
+
+    def _on_drained(self) -> None:
+        self._drained.set()
+        if self._release_when_idle:
+            self.release()
+
+    def release(self) -> None:
+        """Close the sessions (once); any thread."""
+        if self._released:
+            return
+        self._released = True
+        for runner in self.runners:
+            runner.close()

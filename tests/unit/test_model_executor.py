@@ -1,0 +1,192 @@
+"""ModelExecutor on its own: a fake lane that records what it is handed (the test runs the job and
+sends the reply, as the lane thread and the loop would), a recording scheduler, a fake runner, and
+the real Batcher, BatchCompletion and ModelStats. Every step is driven by the test: no threads."""
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from gt_serve.core.batch_completion import BatchCompletion
+from gt_serve.core.batch_policy import BatchConfig
+from gt_serve.core.batcher import Batcher, QueuePolicy
+from gt_serve.core.model_executor import ModelExecutor
+from gt_serve.core.statistics import ModelStats
+from gt_serve.errors import Internal, Unavailable
+
+SPEC = SimpleNamespace(input_order=["x"], output_order=["y"])
+WAIT_S = 10.0
+
+
+class FakeLane:
+    """Records submitted jobs; `finish_next` runs the oldest one and replies like Lane does."""
+
+    def __init__(self, lane_id="cpu.0", device="cpu"):
+        self.lane_id, self.device = lane_id, device
+        self.busy = False
+        self.submitted = []
+        self.finished_ns = []
+
+    def submit(self, job, reply, tag):
+        self.busy = True
+        self.submitted.append((job, reply, tag))
+
+    def finish_next(self, elapsed_ns=1_000):
+        job, reply, tag = self.submitted.pop(0)
+        try:
+            result, exc = job(), None
+        except Exception as e:  # noqa: BLE001 - handed to the reply as the lane does
+            result, exc = None, e
+        self.busy = False
+        self.finished_ns.append(elapsed_ns)
+        reply(tag, self, result, exc, elapsed_ns)
+
+
+class RecordingScheduler:
+    def __init__(self):
+        self.notified = 0
+        self.finished_calls = []
+        self.unregistered = []
+
+    def notify(self):
+        self.notified += 1
+
+    def finished(self, executor, elapsed_ns):
+        self.finished_calls.append((executor.name, elapsed_ns))
+
+    def unregister(self, executor):
+        self.unregistered.append(executor.name)
+
+
+class Runner:
+    """Doubles its input; a negative value fails that request alone, "boom" the whole run; counts closes."""
+
+    def __init__(self):
+        self.closed = 0
+        self.runs = []
+
+    def job(self, runner, batch, spec, lane):
+        def run():
+            rows = [e.feeds["x"] for e in batch.entries]
+            self.runs.append(rows)
+            if "boom" in rows:
+                raise RuntimeError("session exploded")
+            per_request = [ValueError("negative") if x < 0 else [2 * x] for x in rows]
+            return per_request, (10, 20, 30)
+        return run
+
+    def close(self):
+        self.closed += 1
+
+
+def build(energy=None):
+    lane, sched, runner = FakeLane(), RecordingScheduler(), Runner()
+    stats = ModelStats("m", "1")
+    batcher = Batcher("m", BatchConfig(8, (), 0.0), QueuePolicy(), wake=sched.notify)
+    executor = ModelExecutor(batcher, {lane: runner}, runner.job, BatchCompletion("m", stats, energy), sched, SPEC,
+                             version="1")
+    return executor, lane, sched, runner, stats
+
+
+def dispatch_all(executor, lane):
+    decision, head = executor.batcher.decide(time.monotonic_ns(), 1)
+    assert decision.take, decision
+    executor.dispatch(head[:decision.take], lane)
+
+
+def test_a_batch_runs_on_the_lane_and_resolves_every_future():
+    async def main():
+        charged = []
+
+        def energy(model, device, batch_size, latency_s):
+            charged.append((model, device, batch_size, latency_s))
+            return 0.5
+
+        executor, lane, sched, runner, stats = build(energy)
+        futures = [executor.submit({"x": x}, 1, ()) for x in (1, 2, 3)]
+        assert sched.notified == 3 and executor.pending == 3
+        dispatch_all(executor, lane)
+        assert lane.busy and executor.in_flight == 1 and executor.pending == 0
+        lane.finish_next(elapsed_ns=5_000)
+        assert [await asyncio.wait_for(f, WAIT_S) for f in futures] == [[2], [4], [6]]
+        assert runner.runs == [[1, 2, 3]]  # one batch
+        assert executor.in_flight == 0 and sched.finished_calls == [("m", 5_000)]
+        assert charged == [("m", "cpu", 3, 20 / 1e9)]
+        assert stats.energy_j == pytest.approx(1.5)
+        assert stats.inference_count == 3 and stats.execution_count == 1
+    asyncio.run(main())
+
+
+def test_a_failed_job_fails_its_requests_with_a_typed_error_and_the_next_batch_runs():
+    async def main():
+        executor, lane, sched, _, _ = build()
+        first = executor.submit({"x": "boom"}, 1, ())
+        dispatch_all(executor, lane)
+        lane.finish_next()
+        with pytest.raises(Internal, match=r"model 'm': inference failed on lane cpu.0: RuntimeError: session exploded"):
+            await asyncio.wait_for(first, WAIT_S)
+        second = executor.submit({"x": 4}, 1, ())
+        dispatch_all(executor, lane)
+        lane.finish_next()
+        assert await asyncio.wait_for(second, WAIT_S) == [8]
+        assert len(sched.finished_calls) == 2 and executor.in_flight == 0
+    asyncio.run(main())
+
+
+def test_a_request_that_fails_alone_fails_alone():
+    async def main():
+        executor, lane, _, _, stats = build()
+        good, bad = executor.submit({"x": 1}, 1, ()), executor.submit({"x": -1}, 1, ())
+        dispatch_all(executor, lane)
+        lane.finish_next()
+        assert await asyncio.wait_for(good, WAIT_S) == [2]
+        with pytest.raises(Internal, match="ValueError: negative"):
+            await asyncio.wait_for(bad, WAIT_S)
+        assert stats.inference_count == 1  # the failed request is not counted as served
+    asyncio.run(main())
+
+
+def test_close_drains_running_work_then_releases_the_sessions():
+    async def main():
+        executor, lane, sched, runner, _ = build()
+        running = executor.submit({"x": 3}, 1, ())
+        dispatch_all(executor, lane)
+        closing = asyncio.ensure_future(executor.close(WAIT_S))
+        await one_loop_turn()  # the close task has taken its first step: refusing, waiting for the drain
+        assert executor.batcher.closed is not None
+        with pytest.raises(Unavailable, match="unloading"):
+            executor.submit({"x": 1}, 1, ())
+        assert not closing.done() and runner.closed == 0
+        lane.finish_next()
+        await asyncio.wait_for(closing, WAIT_S)
+        assert await running == [6]
+        assert runner.closed == 1 and sched.unregistered == ["m"]
+    asyncio.run(main())
+
+
+def test_close_after_the_drain_timeout_fails_the_queue_and_releases_when_the_batch_returns():
+    async def main():
+        executor, lane, sched, runner, _ = build()
+        running = executor.submit({"x": 3}, 1, ())
+        dispatch_all(executor, lane)
+        queued = executor.submit({"x": 5}, 1, ())
+        await asyncio.wait_for(executor.close(0.0), WAIT_S)
+        with pytest.raises(Unavailable, match="unloaded before the request ran"):
+            await queued
+        assert sched.unregistered == ["m"] and runner.closed == 0  # a batch still runs on its session
+        lane.finish_next()
+        assert await asyncio.wait_for(running, WAIT_S) == [6]
+        assert runner.closed == 1
+        executor.release()  # idempotent
+        assert runner.closed == 1
+    asyncio.run(main())
+
+
+async def one_loop_turn():
+    """Return after the callbacks already scheduled on the loop have run (call_soon is FIFO)."""
+    loop = asyncio.get_running_loop()
+    turn = loop.create_future()
+    loop.call_soon(turn.set_result, None)
+    await turn
