@@ -2,11 +2,17 @@
 
 Per request with live peers serving the model, a small resource tensor is built (one row for this
 node, one per such peer) from the local queues and energy model and from the peers' telemetry, and
-the node's router policy picks a row. Peers that just failed a forward are excluded for a short
-while, so their requests are re-routed rather than lost.
+the node's router policy picks a row. A peer is a candidate only while it is live in this node's
+view, and preferably not ejected by the outlier detector (judged by its own answers: errors,
+slowness); when every live peer serving a model is ejected, they are all candidates again (Envoy's
+panic mode: an ejection must not turn a slow fleet into no fleet). When a peer leaves the live set,
+every request waiting on it is woken (``watch``), so the caller re-routes it at once instead of
+waiting for the forward to time out; an ejection only steers new attempts away (slow attempts in
+flight are hedged by the caller).
 """
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from dataclasses import dataclass
@@ -14,7 +20,8 @@ from typing import Any, Callable
 
 import psutil
 
-from .node_view import NodeView, PeerInfo
+from .node_view import Health, NodeView, PeerEvent, PeerInfo
+from .outlier import OutlierDetector
 from .resource_tensor import build_tensor
 from .router import RequestDemand, Router
 
@@ -25,12 +32,14 @@ LOCAL = "__local__"
 class PeerTarget:
     node: str
     endpoint: str  # gRPC "host:port"
+    verified: bool = False  # announced through authenticated telemetry: secrets may be sent to it
 
 
 class FleetRouter:
     def __init__(self, node: str, view: NodeView, router: Router, *, local_row: Callable[[str, float], dict | None],
                  slo_s: Callable[[str], float] = lambda model: math.inf, link_s: float = 0.002,
-                 link_j: float = 0.0, quarantine_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 link_j: float = 0.0, outliers: OutlierDetector | None = None, budget_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.node = node
         self.view = view
         self.router = router
@@ -38,25 +47,28 @@ class FleetRouter:
         self._slo_s = slo_s
         self.link_s = link_s
         self.link_j = link_j
-        self.quarantine_s = quarantine_s
+        self.outliers = outliers or OutlierDetector()
+        self.budget_s = budget_s  # the whole fleet path of a request without a deadline of its own
         self._clock = clock
-        self._failed_until: dict[str, float] = {}
+        self._watchers: dict[str, set[asyncio.Future]] = {}
         self.decisions: dict[str, int] = {}  # target node -> count (metrics)
+        self.rerouted: dict[str, int] = {}  # reason -> attempts abandoned or retried (metrics)
+        view.add_listener(self._on_peer_event)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
 
     def peers_for(self, model: str, now_s: float) -> list[PeerInfo]:
-        out = []
-        for peer in self.view.live_peers(now_s):
-            if self._failed_until.get(peer.node, 0.0) > now_s:
-                continue
-            if _serves(peer, model) and _grpc_endpoint(peer):
-                out.append(peer)
-        return out
+        serving = [p for p in self.view.live_peers(now_s) if _serves(p, model) and _grpc_endpoint(p)]
+        healthy = [p for p in serving if not self.outliers.ejected(p.node, now_s)]
+        return healthy or serving
 
     def targets_for(self, model: str) -> list[PeerTarget]:
-        """Live peers (not just failed) that serve `model`, as forwarding targets."""
-        return [PeerTarget(p.node, _grpc_endpoint(p)) for p in self.peers_for(model, self._clock())]
+        """Live peers (not ejected) that serve `model`, as forwarding targets."""
+        return [_target(p) for p in self.peers_for(model, self._clock())]
 
-    def choose(self, model: str, batch_size: int, exclude: set[str] = frozenset()) -> PeerTarget | None:
+    def choose(self, model: str, batch_size: int, exclude: set[str] | frozenset[str] = frozenset()) -> PeerTarget | None:
         """None = serve here; else the peer to forward to. Raises Unavailable when nobody can."""
         now_s = self._clock()
         peers = [p for p in self.peers_for(model, now_s) if p.node not in exclude]
@@ -78,8 +90,16 @@ class FleetRouter:
         self.decisions[served_by] = self.decisions.get(served_by, 0) + 1
         if target == LOCAL:
             return None
-        peer = next(p for p in peers if p.node == target)
-        return PeerTarget(peer.node, _grpc_endpoint(peer))
+        return _target(next(p for p in peers if p.node == target))
+
+    def expected_s(self, node: str, model: str) -> float:
+        """How long an answer from `node` is expected to take: its recent median, else its telemetry."""
+        median_s = self.outliers.median_s(node)
+        if median_s is not None:
+            return median_s
+        peer = self.view.peer(node, self._clock())
+        t = peer.telemetry if peer is not None else None
+        return (t.latency_ms.get(model, 0.0) / 1e3 if t is not None else 0.0) + self.link_s
 
     def _peer_row(self, peer: PeerInfo, model: str, now_s: float) -> dict:
         t = peer.telemetry
@@ -99,12 +119,58 @@ class FleetRouter:
             "link_j": self.link_j,
         }
 
-    def mark_failed(self, node: str) -> None:
-        """A forward to `node` failed: route around it until it proves itself again."""
-        self._failed_until[node] = self._clock() + self.quarantine_s
+    # ------------------------------------------------------------ judging peers by their answers
 
-    def mark_ok(self, node: str) -> None:
-        self._failed_until.pop(node, None)
+    def record_ok(self, node: str, latency_s: float) -> None:
+        self.outliers.record_ok(node, latency_s, self._clock())
+
+    def record_failure(self, node: str) -> None:
+        """An error answer or a slow attempt (may eject `node` for new attempts)."""
+        self.outliers.record_failure(node, self._clock())
+
+    def mark_failed(self, node: str) -> None:
+        """`node` cannot be reached at all: eject it now."""
+        self.outliers.eject(node, self._clock())
+
+    def count_reroute(self, reason: str) -> None:
+        self.rerouted[reason] = self.rerouted.get(reason, 0) + 1
+
+    # ------------------------------------------------------------ waking waiters
+
+    def watch(self, node: str, waker: asyncio.Future) -> Callable[[], None]:
+        """Resolve `waker` with (node, reason) once `node` leaves the live set; returns the un-watch
+        function. A node that is already out wakes it at once."""
+        now_s = self._clock()
+        if self.view.health(node, now_s) is not Health.LIVE:
+            if not waker.done():
+                waker.set_result((node, "not live"))
+            return lambda: None
+        waiters = self._watchers.setdefault(node, set())
+        waiters.add(waker)
+        return lambda: _discard(self._watchers, node, waker)
+
+    def _on_peer_event(self, event: PeerEvent) -> None:
+        if event.new is not Health.LIVE:
+            self._wake(event.node, event.new.value)
+        if event.new is Health.DEAD:  # whatever comes back is judged afresh
+            self.outliers.forget(event.node)
+
+    def _wake(self, node: str, reason: str) -> None:
+        for waker in self._watchers.pop(node, ()):
+            if not waker.done():
+                waker.set_result((node, reason))
+
+
+def _discard(watchers: dict[str, set[asyncio.Future]], node: str, waker: asyncio.Future) -> None:
+    waiters = watchers.get(node)
+    if waiters is not None:
+        waiters.discard(waker)
+        if not waiters:
+            del watchers[node]
+
+
+def _target(peer: PeerInfo) -> PeerTarget:
+    return PeerTarget(peer.node, _grpc_endpoint(peer), bool(getattr(peer, "verified", False)))
 
 
 def _serves(peer: PeerInfo, model: str) -> bool:

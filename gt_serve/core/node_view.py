@@ -14,6 +14,14 @@ Health of a peer, from its latest incarnation (highest epoch seen):
 A message with an epoch lower than the latest seen is stale and ignored, so a late will of a
 previous incarnation never overrides a newer ``ready``. Within one epoch messages apply in
 arrival order (a node that reconnects after its will republishes ``ready``).
+
+Broker loss (``link_down(now_s, since_s)`` .. ``link_up(now_s)``): silence then says nothing about
+the peers, so their ages stop at ``since_s`` (when the broker was last heard from) and they keep
+the health they had, for at most ``stale_view_s``; after that they are ``suspect`` (not trusted for
+routing) until the link is back. On ``link_up`` the outage is added to every peer's last-seen time,
+so each must be heard from again within the usual periods.
+
+A peer is ``verified`` when its messages were authenticated (cluster key; edge/auth.py).
 """
 from __future__ import annotations
 
@@ -60,6 +68,7 @@ class PeerInfo:
     age_s: float
     caps: Any
     telemetry: Any
+    verified: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +80,7 @@ class PeerEvent:
 
 
 class _Peer:
-    __slots__ = ("node", "epoch", "state", "last_seen_s", "caps", "telemetry", "reported")
+    __slots__ = ("node", "epoch", "state", "last_seen_s", "caps", "telemetry", "reported", "verified")
 
     def __init__(self, node: str, epoch: int, now_s: float) -> None:
         self.node = node
@@ -81,6 +90,7 @@ class _Peer:
         self.caps: Any = None
         self.telemetry: Any = None
         self.reported: Health | None = None
+        self.verified = False
 
 
 Listener = Callable[[PeerEvent], None]
@@ -96,6 +106,7 @@ class NodeView:
         dead_after_periods: float = 5,
         max_peers: int = 4096,
         forget_after_s: float | None = None,
+        stale_view_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not period_s > 0 or not 0 < suspect_after_periods < dead_after_periods:
@@ -107,6 +118,8 @@ class NodeView:
         self._max_peers = max_peers
         self._forget_after_s = 60 * period_s if forget_after_s is None else forget_after_s
         self._clock = clock
+        self._stale_view_s = stale_view_s
+        self._link_down_s: float | None = None  # when the broker was last heard from, while it is away
         self._peers: dict[str, _Peer] = {}
         self._listeners: list[Listener] = []
         self._changed = asyncio.Event()
@@ -119,7 +132,7 @@ class NodeView:
 
     # ------------------------------------------------------------ input
 
-    def update(self, msg: PeerMessage, now_s: float) -> bool:
+    def update(self, msg: PeerMessage, now_s: float, verified: bool = False) -> bool:
         """Apply one peer message; False if it was ignored (own node, stale, table full)."""
         if msg.node == self._self_node:
             return False
@@ -136,6 +149,7 @@ class NodeView:
             peer = self._restart(peer, msg.epoch, now_s)
         if not self._apply(peer, msg, now_s):
             return False
+        peer.verified = verified
         self._report(peer, now_s)
         self._notify()
         return True
@@ -167,12 +181,32 @@ class NodeView:
             peer.reported = old.reported if old.reported in gone else Health.DEAD
         return peer
 
+    def link_down(self, now_s: float, since_s: float | None = None) -> None:
+        """The broker is away; it was last heard from at ``since_s`` (default: now)."""
+        if self._link_down_s is None:
+            self._link_down_s = min(now_s, since_s) if since_s is not None else now_s
+            self._notify()
+
+    def link_up(self, now_s: float) -> None:
+        """The broker is back: every peer's silence counts again, from where it stopped."""
+        down_s, self._link_down_s = self._link_down_s, None
+        if down_s is None:
+            return
+        outage_s = max(0.0, now_s - down_s)
+        for peer in self._peers.values():
+            peer.last_seen_s = min(peer.last_seen_s + outage_s, now_s)
+        self._notify()
+
+    @property
+    def link_is_down(self) -> bool:
+        return self._link_down_s is not None
+
     def sweep(self, now_s: float) -> list[PeerEvent]:
         """Report time-driven transitions (suspect, dead by silence); forget long-gone peers."""
         events = [e for e in (self._report(p, now_s) for p in list(self._peers.values())) if e]
         gone = [p.node for p in self._peers.values()
                 if p.reported in (Health.DEAD, Health.OFFLINE)
-                and now_s - p.last_seen_s > self._forget_after_s]
+                and self._age_s(p, now_s) > self._forget_after_s]
         for node in gone:
             del self._peers[node]
         if events or gone:
@@ -200,8 +234,12 @@ class NodeView:
     def next_transition_s(self, now_s: float) -> float | None:
         """The earliest time after ``now_s`` at which some peer's health changes by silence."""
         best = math.inf
+        if self._link_down_s is not None:
+            untrusted_s = self._link_down_s + self._stale_view_s
+            if untrusted_s > now_s:
+                best = untrusted_s
         for peer in self._peers.values():
-            if peer.state not in ("ready", "draining"):
+            if peer.state not in ("ready", "draining") or self._link_down_s is not None:
                 continue
             thresholds = (self._suspect_after_s, self._dead_after_s)
             for after_s in thresholds if peer.state == "ready" else thresholds[1:]:
@@ -251,19 +289,26 @@ class NodeView:
             return Health.DEAD
         if peer.state == "offline":
             return Health.OFFLINE
-        age_s = now_s - peer.last_seen_s
+        age_s = self._age_s(peer, now_s)
         if age_s >= self._dead_after_s:
             return Health.DEAD
         if peer.state == "draining":
             return Health.DRAINING
         if age_s >= self._suspect_after_s:
             return Health.SUSPECT
+        if self._link_down_s is not None and now_s - self._link_down_s >= self._stale_view_s:
+            return Health.SUSPECT  # the view is too old to route by
         return Health.LIVE
+
+    def _age_s(self, peer: _Peer, now_s: float) -> float:
+        """Silence that counts: it stops growing while the broker is away."""
+        until_s = now_s if self._link_down_s is None else min(now_s, self._link_down_s)
+        return max(0.0, until_s - peer.last_seen_s)
 
     def _info(self, peer: _Peer, now_s: float) -> PeerInfo:
         return PeerInfo(node=peer.node, epoch=peer.epoch, health=self._health(peer, now_s),
                         state=peer.state, age_s=max(0.0, now_s - peer.last_seen_s),
-                        caps=peer.caps, telemetry=peer.telemetry)
+                        caps=peer.caps, telemetry=peer.telemetry, verified=peer.verified)
 
     def _report(self, peer: _Peer, now_s: float) -> PeerEvent | None:
         health = self._health(peer, now_s)

@@ -5,7 +5,8 @@ Every payload is a JSON object carrying ``"v": 1`` (the schema version) and the 
 ``node`` and ``epoch`` (an int that grows with each start of the node, e.g. ``time_ns()``).
 The topic names the cluster and node; a payload whose node differs from its topic, or a
 topic of another cluster, is foreign and rejected. Unknown *extra* fields inside v1 are
-ignored (additive evolution); a different ``v`` is rejected.
+ignored (additive evolution); a different ``v`` is rejected. With a cluster key, every payload
+also carries an ``auth`` block, a key id and a MAC (edge/auth.py): extras to this schema.
 
 Validation is plain Python: sizes, counts, lengths and numeric ranges are bounded, numbers
 are finite, bools are never accepted as numbers. ``decode`` raises only ``MessageError``
@@ -182,17 +183,32 @@ def encode(msg: Message) -> bytes:
 
 def decode(topic_name: str, payload: object, cluster: str) -> Message:
     """A typed message from a received topic and payload, or MessageError."""
-    node, kind = parse_topic(topic_name, cluster)
+    parse_topic(topic_name, cluster)
+    return decode_wire(topic_name, parse_json(payload), cluster)
+
+
+def payload_bytes(payload: object) -> bytes:
+    """A received payload as bytes, bounded; MessageError otherwise."""
     if isinstance(payload, str):
         payload = payload.encode("utf-8", "replace")
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise MessageError(f"payload of type {type(payload).__name__} is not bytes")
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise MessageError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    return bytes(payload)
+
+
+def parse_json(payload: object) -> object:
+    """The JSON value of a received payload (finite numbers only), or MessageError."""
     try:
-        wire = json.loads(bytes(payload), parse_float=_finite_float, parse_constant=_no_constant)
+        return json.loads(payload_bytes(payload), parse_float=_finite_float, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError included
         raise MessageError(f"payload is not valid JSON: {str(exc)[:120]}") from None
+
+
+def decode_wire(topic_name: str, wire: object, cluster: str) -> Message:
+    """A typed message from a topic and its payload's parsed JSON, or MessageError."""
+    node, kind = parse_topic(topic_name, cluster)
     msg = from_wire(kind, wire)
     if msg.node != node:
         raise ForeignMessage(f"payload node {msg.node!r} differs from topic node {node!r}")

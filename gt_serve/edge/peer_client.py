@@ -1,8 +1,11 @@
 """Forwards a request to a peer node's gRPC V2 endpoint (tritonclient.grpc.aio, pooled channels).
 
 A hop counter travels as the request parameter `gt_hops`, so a forwarded request is never forwarded
-again past the limit. Failures are split into the client's fault (InvalidArgument: answered as is)
-and the peer's (PeerUnavailable: the caller re-routes).
+again past the limit, and the names of the nodes it passed as `gt_visited`, so it never comes back to
+one of them. The request's one deadline travels as the gRPC deadline: the peer gets what is left.
+Failures are split into the client's fault (InvalidArgument: answered as is) and the peer's
+(PeerUnavailable: the caller re-routes). The peer token goes only to peers announced through
+authenticated telemetry (``verified``); others get the request without it.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import time
 import numpy as np
 
 from ..core.dataplane import HOPS_PARAMETER
+from ..core.fleet_call import VISITED_PARAMETER, format_visited
 from ..errors import DeadlineExceeded, GtServeError, InvalidArgument, PeerUnavailable
 from ..types import InferRequest, InferResponse, Tensor
 
@@ -19,7 +23,7 @@ log = logging.getLogger(__name__)
 
 _CLIENT_FAULTS = ("StatusCode.INVALID_ARGUMENT",)
 _RESERVED = {"priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "binary_data_output",
-             "headers", HOPS_PARAMETER}
+             "headers", HOPS_PARAMETER, VISITED_PARAMETER}
 
 
 class PeerClient:
@@ -36,7 +40,8 @@ class PeerClient:
             client = self._clients[endpoint] = grpcclient.InferenceServerClient(endpoint)
         return client
 
-    async def forward(self, node: str, endpoint: str, request: InferRequest) -> InferResponse:
+    async def forward(self, node: str, endpoint: str, request: InferRequest, deadline_s: float | None = None,
+                      visited: frozenset[str] = frozenset(), verified: bool = False) -> InferResponse:
         import tritonclient.grpc.aio as grpcclient
         from tritonclient.utils import InferenceServerException
 
@@ -51,12 +56,15 @@ class PeerClient:
                        for o in request.outputs]
         params = {k: v for k, v in request.parameters.items() if k not in _RESERVED and not k.startswith("triton_")}
         params[HOPS_PARAMETER] = request.hops + 1
+        if visited:
+            params[VISITED_PARAMETER] = format_visited(visited)
         timeout_s = self._timeout_s
-        if request.deadline_s is not None:
-            timeout_s = min(timeout_s, request.deadline_s - time.monotonic())
-            if timeout_s <= 0:
-                raise DeadlineExceeded(f"request for model '{request.model_name}' expired before forwarding")
-        headers = {"authorization": f"Bearer {self._token}"} if self._token else None
+        for limit_s in (request.deadline_s, deadline_s):
+            if limit_s is not None:
+                timeout_s = min(timeout_s, limit_s - time.monotonic())
+        if timeout_s <= 0:
+            raise DeadlineExceeded(f"request for model '{request.model_name}' expired before forwarding")
+        headers = self._headers(verified)
         try:
             result = await self._client(endpoint).infer(
                 request.model_name, inputs, model_version=request.model_version, outputs=outputs,
@@ -79,13 +87,16 @@ class PeerClient:
         return InferResponse(response.model_name, response.model_version, request.id, out,
                              {"gt_served_by": node})
 
-    async def describe(self, node: str, endpoint: str, model: str):
+    def _headers(self, verified: bool) -> dict[str, str] | None:
+        return {"authorization": f"Bearer {self._token}"} if self._token and verified else None
+
+    async def describe(self, node: str, endpoint: str, model: str, verified: bool = False):
         """A peer's metadata and config of `model` (for pipeline stages only peers serve)."""
         from tritonclient.utils import InferenceServerException
 
         from ..core.pipeline import StageInfo
 
-        headers = {"authorization": f"Bearer {self._token}"} if self._token else None
+        headers = self._headers(verified)
         client = self._client(endpoint)
         try:
             meta = await client.get_model_metadata(model, headers=headers, client_timeout=self._timeout_s)

@@ -8,6 +8,16 @@ loop: it starts in the background, reconnects with capped exponential back-off w
 node keeps serving, and drops (with rate-limited logs) whatever peers send that does not
 validate. ``stop()`` publishes ``offline`` (retained) and disconnects cleanly, so the broker
 discards the will.
+
+With cluster keys (edge/auth.py) every message is signed, the last will included (pre-signed at
+connect time), and every received message must verify and be fresh (replay guard) or it is dropped
+and counted in ``stats.rejected`` by reason. The retained status and caps are then re-published
+every third of the replay window, so a node that joins late finds them within the window.
+The broker link's state is told to the view (``link_down`` / ``link_up``): while the broker is
+away, peers keep the health they had when it was last heard from, for a bounded time. A peer's last
+will is applied ``will_hold_s`` after it arrives: a broker that shuts down publishes every client's
+will and then closes the connections, so wills followed at once by the loss of the link are dropped
+(the peers did not die; the broker went).
 """
 from __future__ import annotations
 
@@ -16,14 +26,15 @@ import contextlib
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import aiomqtt
 
 from gt_serve.core.node_view import NodeView
 from gt_serve.edge import messages
-from gt_serve.edge.messages import Caps, MessageError, Status
+from gt_serve.edge.auth import AuthError, ClusterKeys, ReplayGuard, read_header
+from gt_serve.edge.messages import Caps, ForeignMessage, MessageError, Status
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +69,13 @@ class AgentStats:
     published: int = 0
     received: int = 0
     dropped: int = 0
+    duplicates: int = 0  # retained messages the broker sent again (after a reconnect): not counted as dropped
     snapshot_errors: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)  # reason -> messages dropped (edge/auth.REASONS)
+
+    def reject(self, reason: str) -> None:
+        self.dropped += 1
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
 
 class RateLimitedLog:
@@ -113,6 +130,9 @@ class TelemetryAgent:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
+        keys: ClusterKeys | None = None,
+        replay_window_s: float = 30.0,
+        will_hold_s: float = 0.25,
     ) -> None:
         if not period_s > 0 or not 0 < reconnect_min_s <= reconnect_max_s:
             raise ValueError("need period_s > 0 and 0 < reconnect_min_s <= reconnect_max_s")
@@ -135,7 +155,14 @@ class TelemetryAgent:
         self._rng = rng or random.Random()
         self._logs = RateLimitedLog(log, 10.0, clock)
         self._state = "ready"
-        self._seq = 0
+        self._seq = 0  # grows across every message of this epoch (telemetry seq and auth seq)
+        self._sess = 0  # connections made: a will names its connection
+        self.keys = keys or ClusterKeys(None)
+        self._replay = ReplayGuard(replay_window_s)
+        self._refresh_s = replay_window_s / 3
+        self._last_rx_s: float | None = None
+        self._will_hold_s = will_hold_s
+        self._held_wills: dict[str, asyncio.TimerHandle] = {}
         self._client: aiomqtt.Client | None = None
         self._connected = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -210,6 +237,8 @@ class TelemetryAgent:
             finally:
                 self._client = None
                 self._connected.clear()
+                self._drop_held_wills()
+                self.view.link_down(self._clock(), since_s=self._last_rx_s)
                 self._notify()
             if self._stopping.is_set():
                 return
@@ -230,6 +259,7 @@ class TelemetryAgent:
         if b.uses_tls:
             tls_params = aiomqtt.TLSParameters(ca_certs=b.ca_file, certfile=b.cert_file,
                                                keyfile=b.key_file)
+        self._sess += 1
         will = aiomqtt.Will(self._topics["status"], self._status("lost"), qos=1, retain=True)
         return aiomqtt.Client(
             b.host, b.port, username=b.username, password=b.password,
@@ -251,7 +281,7 @@ class TelemetryAgent:
 
         class DispatchingQueue(asyncio.Queue):  # type: ignore[type-arg]
             def put_nowait(self, item: aiomqtt.Message) -> None:
-                handle(str(item.topic), item.payload)
+                handle(str(item.topic), item.payload, bool(item.retain))
 
         return DispatchingQueue
 
@@ -272,15 +302,12 @@ class TelemetryAgent:
         # ``over`` is checked after each aiomqtt call: on Python 3.11 its internal
         # asyncio.wait_for can swallow a cancellation that races with an acknowledgement.
         await client.subscribe(self._subscription, qos=1)
-        # caps before status: a peer that sees this node 'ready' already knows its endpoints
-        await client.publish(self._topics["caps"], messages.encode(self._caps),
-                             qos=1, retain=True)
-        await client.publish(self._topics["status"], self._status(self._state),
-                             qos=1, retain=True)
+        await self._announce(client)
         if over.set:
             return
         self.stats.connects += 1
         self._connected.set()
+        self.view.link_up(self._clock())
         self._notify()
         log.info("telemetry %s connected to %s:%s", self.node, self.broker.host,
                  self.broker.port)
@@ -288,13 +315,32 @@ class TelemetryAgent:
 
     # ------------------------------------------------------------ publishing
 
+    async def _announce(self, client: aiomqtt.Client) -> None:
+        # caps before status: a peer that sees this node 'ready' already knows its endpoints
+        await client.publish(self._topics["caps"], self._signed("caps", messages.encode(self._caps)),
+                             qos=1, retain=True)
+        await client.publish(self._topics["status"], self._status(self._state),
+                             qos=1, retain=True)
+
     def _status(self, state: str) -> bytes:
-        return messages.encode(Status(node=self.node, epoch=self.epoch, state=state,
-                                      ts_s=self._wall_clock()))
+        return self._signed("status", messages.encode(Status(node=self.node, epoch=self.epoch, state=state,
+                                                             ts_s=self._wall_clock())))
+
+    def _signed(self, kind: str, payload: bytes, seq: int | None = None) -> bytes:
+        if seq is None:
+            self._seq += 1
+            seq = self._seq
+        if not self.keys.enabled:
+            return payload
+        return self.keys.sign(self._topics[kind], payload, sess=self._sess, seq=seq, ts_s=self._wall_clock())
 
     async def _publish_loop(self, client: aiomqtt.Client, over: "_Flag") -> None:
         next_s = self._clock()
+        refresh_at_s = next_s + self._refresh_s
         while not over.set:
+            if self.keys.enabled and self._clock() >= refresh_at_s:  # keep the retained ones in the window
+                refresh_at_s = self._clock() + self._refresh_s
+                await self._announce(client)
             payload = self._telemetry_payload()
             if payload is not None:
                 await client.publish(self._topics["telemetry"], payload, qos=0)
@@ -313,7 +359,7 @@ class TelemetryAgent:
         try:
             msg = messages.telemetry_from_snapshot(
                 self.node, self.epoch, self._seq, self._wall_clock(), self._snapshot())
-            return messages.encode(msg)
+            return self._signed("telemetry", messages.encode(msg), seq=self._seq)
         except Exception as exc:  # a bad snapshot skips one period, never the agent
             self.stats.snapshot_errors += 1
             self._logs.warning("snapshot", "telemetry %s: snapshot rejected: %s", self.node, exc)
@@ -331,32 +377,82 @@ class TelemetryAgent:
         async for message in client.messages:
             if over.set:
                 return
-            self.handle(str(message.topic), message.payload)
+            self.handle(str(message.topic), message.payload, bool(message.retain))
 
-    def handle(self, topic_name: str, payload: object) -> None:
-        """Decode one received message into the view; bad input is logged and dropped."""
+    def handle(self, topic_name: str, payload: object, retained: bool = False) -> None:
+        """Verify and decode one received message into the view; bad input is logged and dropped."""
+        self._last_rx_s = self._clock()  # anything from the broker, our own echo included: the link works
         if not payload:
             return  # an empty retained message only deletes the retained one: nothing to see
         try:
-            msg = messages.decode(topic_name, payload, self.cluster)
+            msg = self._accept(topic_name, payload, retained)
+        except AuthError as exc:
+            self.stats.reject(exc.reason)
+            self._logs.warning(exc.reason, "telemetry %s: dropped message on %r: %s",
+                               self.node, topic_name[:120], exc)
+            return
         except MessageError as exc:
-            self.stats.dropped += 1
+            self.stats.reject("foreign" if isinstance(exc, ForeignMessage) else "malformed")
             self._logs.warning(type(exc).__name__, "telemetry %s: dropped message on %r: %s",
                                self.node, topic_name[:120], exc)
             return
         except Exception:  # a decoder bug must not end the subscription
-            self.stats.dropped += 1
+            self.stats.reject("malformed")
             log.exception("telemetry %s: unexpected error decoding %r", self.node,
                           topic_name[:120])
+            return
+        if msg is None:
+            return
+        if isinstance(msg, Status) and msg.state == "lost" and msg.node != self.node and self._will_hold_s > 0:
+            self._hold_will(msg)
             return
         if msg.node == self.node:
             if msg.epoch > self.epoch:
                 self._logs.warning("duplicate", "telemetry %s: another node uses this name "
                                    "(epoch %s > ours %s)", self.node, msg.epoch, self.epoch)
             return
+        self._apply(msg)
+
+    def _apply(self, msg: messages.Message) -> None:
         self.stats.received += 1
-        self.view.update(msg, self._clock())
+        self.view.update(msg, self._clock(), verified=self.keys.enabled)
         self._notify()
+
+    def _hold_will(self, msg: Status) -> None:
+        old = self._held_wills.pop(msg.node, None)
+        if old is not None:
+            old.cancel()
+
+        def apply() -> None:
+            self._held_wills.pop(msg.node, None)
+            self._apply(msg)
+
+        self._held_wills[msg.node] = asyncio.get_running_loop().call_later(self._will_hold_s, apply)
+
+    def _drop_held_wills(self) -> None:
+        if self._held_wills:
+            log.warning("telemetry %s: ignoring the last wills of %s: they came with the loss of the broker",
+                        self.node, ", ".join(sorted(self._held_wills)))
+        for handle in self._held_wills.values():
+            handle.cancel()
+        self._held_wills.clear()
+
+    def _accept(self, topic_name: str, payload: object, retained: bool) -> messages.Message | None:
+        """The message, verified and fresh when keys are set; None for a re-sent retained one."""
+        messages.parse_topic(topic_name, self.cluster)
+        raw = messages.payload_bytes(payload)
+        kid = self.keys.verify(topic_name, raw) if self.keys.enabled else None
+        wire = messages.parse_json(raw)
+        msg = messages.decode_wire(topic_name, wire, self.cluster)
+        if kid is None or msg.node == self.node:
+            return msg
+        header = read_header(wire, kid)  # type: ignore[arg-type]
+        is_will = isinstance(msg, Status) and msg.state == "lost"
+        if retained and not is_will and self._replay.seen(msg.node, msg.epoch, header.seq):
+            self.stats.duplicates += 1
+            return None
+        self._replay.check(msg.node, msg.epoch, header, is_will=is_will, now_wall_s=self._wall_clock())
+        return msg
 
     def _notify(self) -> None:
         progress, self._progress = self._progress, asyncio.Event()

@@ -21,13 +21,18 @@ _NS_PER_S = 1_000_000_000
 
 
 def compose_services(variables: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """The services of docker-compose.yml with ${VAR:-default} resolved from `variables`."""
+    """The services of docker-compose.yml with ${VAR:-default} and ${VAR:?error} resolved from `variables`."""
     text = COMPOSE_FILE.read_text(encoding="utf-8")
 
     def substitute(match: re.Match) -> str:
-        return variables.get(match.group(1), match.group(2) or "")
+        name, kind, rest = match.group(1), match.group(2), match.group(3) or ""
+        if name in variables:
+            return variables[name]
+        if kind == "?":
+            raise KeyError(f"docker-compose.yml needs {name}: {rest}")
+        return rest
 
-    text = re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", substitute, text).replace("$$", "$")
+    text = re.sub(r"\$\{(\w+)(?::([-?])([^}]*))?\}", substitute, text).replace("$$", "$")
     return yaml.safe_load(text)["services"]
 
 

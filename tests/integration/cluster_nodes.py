@@ -5,12 +5,13 @@
         cluster.wait_peers(a, live={"b"})
 
 Each node gets its own model repository (built with gt_serve.model_builders), its own node YAML
-(short telemetry period, 1 s keepalive: failures are detected in about a second) and its own work
-folder. Nodes start in parallel; every wait polls with a deadline and names what it waited for.
+(short telemetry period, 1 s keepalive: failures are detected in about a second; a cluster key, so
+telemetry is signed, unless the cluster is made with key=None) and its own work folder. Nodes start in parallel; every wait polls with a deadline and names what it waited for.
 """
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import threading
 import time
@@ -83,11 +84,25 @@ def peer_states(node: ServerProcess) -> dict[str, str]:
     return {p["node"]: p["state"] for p in status(node).get("peers", [])}
 
 
+_GENERATE = "generate"
+
+
 class EdgeCluster:
-    def __init__(self, root: Path, cluster: str) -> None:
+    def __init__(self, root: Path, cluster: str, *, key: str | None = _GENERATE,
+                 telemetry: dict[str, object] | None = None, cluster_opts: dict[str, object] | None = None,
+                 broker: Mosquitto | None = None, node_args: list[str] | None = None,
+                 per_node: dict[str, dict[str, object]] | None = None) -> None:
         self.root = Path(root)
         self.cluster = cluster
-        self.broker = Mosquitto(self.root / "broker")
+        self.key = secrets.token_hex(16) if key == _GENERATE else key
+        self.telemetry_opts = dict(telemetry or {})
+        self.cluster_opts = {"forward_timeout_s": 5.0, **(cluster_opts or {})}
+        if self.key:
+            self.cluster_opts["key"] = self.key
+        self.broker = broker or Mosquitto(self.root / "broker")
+        self.broker_host = self.broker.host
+        self.node_args = list(node_args or [])  # extra gt-serve flags for every node (e.g. --host 0.0.0.0)
+        self.per_node = dict(per_node or {})  # node -> cluster-section overrides (e.g. advertise_host)
         self.nodes: dict[str, ServerProcess] = {}
 
     def __enter__(self) -> "EdgeCluster":
@@ -103,10 +118,11 @@ class EdgeCluster:
         self.broker.stop()
 
     def node_yaml(self, name: str, extra: str = "") -> str:
+        telemetry = {"enabled": True, "broker_host": self.broker_host, "broker_port": self.broker.port,
+                     "period_s": PERIOD_S, "keepalive_s": KEEPALIVE_S, **self.telemetry_opts}
         return (f"node: {{name: {name}, cluster: {self.cluster}}}\n"
-                f"telemetry: {{enabled: true, broker_host: 127.0.0.1, broker_port: {self.broker.port}, "
-                f"period_s: {PERIOD_S}, keepalive_s: {KEEPALIVE_S}}}\n"
-                "cluster: {forward_timeout_s: 5.0}\n"
+                f"telemetry: {json.dumps(telemetry)}\n"
+                f"cluster: {json.dumps({**self.cluster_opts, **self.per_node.get(name, {})})}\n"
                 "lanes: {cpu_lanes: 1, intra_op_threads: 1}\n" + extra)
 
     def start(self, layout: dict[str, Iterable[str]], extra: dict[str, str] | None = None,
@@ -125,7 +141,7 @@ class EdgeCluster:
                     build_model(repo, model)
             cfg = work / "node.yaml"
             cfg.write_text(self.node_yaml(name, extra.get(name, "")))
-            return launch(["--model-repository", str(repo), "--config", str(cfg)], workdir=work,
+            return launch(["--model-repository", str(repo), "--config", str(cfg), *self.node_args], workdir=work,
                           timeout_s=60, repo=repo)
 
         names = list(layout)

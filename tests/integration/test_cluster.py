@@ -288,8 +288,13 @@ def test_graceful_stop_is_seen_as_offline(tmp_path):
             http_infer(a, "classifier", np.ones((1, 8), np.float32))
 
 
+STALE_VIEW_S = 3.0
+
+
 def test_broker_restart_nodes_reconnect_and_keep_serving(tmp_path):
-    with EdgeCluster(tmp_path, "restart") as cluster:
+    """Broker loss: local serving and forwarding go on with the last view; after telemetry.stale_view_s the
+    peers are no longer trusted for routing; when the broker is back the view recovers."""
+    with EdgeCluster(tmp_path, "restart", telemetry={"stale_view_s": STALE_VIEW_S}) as cluster:
         a, b = cluster.start({"a": ["simple"], "b": ["classifier"]})
         cluster.wait_mesh()
         stop = threading.Event()
@@ -316,12 +321,29 @@ def test_broker_restart_nodes_reconnect_and_keep_serving(tmp_path):
             wait_for(lambda: results["ok"] > 0, 10, "local requests before the restart")
             before = results["ok"]
             cluster.broker.stop()
-            # with the broker gone, peers fall silent: each node sees the other leave the live set
-            wait_for(lambda: peer_states(a).get("b") != "live", 10, "a to lose sight of b")
-            wait_for(lambda: peer_states(b).get("a") != "live", 10, "b to lose sight of a")
+            lost_s = time.monotonic()
+            wait_for(lambda: status(a).get("broker_link") == "down", 10, "a to notice the broker is gone")
+            # forwarding goes on with the last view: a still sends classifier requests to b
+            x = np.ones((1, 8), np.float32)
+            forwarded = 0
+            while time.monotonic() - lost_s < STALE_VIEW_S - 1.0 and forwarded < 200:
+                out, params = http_infer(a, "classifier", x)
+                assert params.get("gt_served_by") == "b"
+                np.testing.assert_allclose(out, classifier_expected(x), rtol=1e-5)
+                forwarded += 1
+            assert forwarded > 0 and peer_states(a).get("b") == "live"
+            # past the bounded staleness, peers are no longer trusted for routing
+            wait_for(lambda: peer_states(a).get("b") != "live", STALE_VIEW_S + 5, "a to stop trusting b")
+            wait_for(lambda: peer_states(b).get("a") != "live", STALE_VIEW_S + 5, "b to stop trusting a")
+            untrusted_after_s = time.monotonic() - lost_s
+            with pytest.raises(Exception, match="unknown model"):
+                http_infer(a, "classifier", x)
             during = results["ok"]
             cluster.broker.start()  # same port: the agents' reconnect loops find it
+            back_s = time.monotonic()
             cluster.wait_mesh(timeout_s=20)
+            print(f"\nbroker loss: {forwarded} forwarded with the last view; peers untrusted after "
+                  f"{untrusted_after_s:.2f}s; mesh back {time.monotonic() - back_s:.2f}s after the broker")
             out, params = http_infer(a, "classifier", np.ones((1, 8), np.float32))
             assert params.get("gt_served_by") == "b"
             np.testing.assert_allclose(out, classifier_expected(np.ones((1, 8), np.float32)), rtol=1e-5)

@@ -184,3 +184,95 @@ def test_fuzz_mutated_valid_messages(msg: m.Message, data: st.DataObject) -> Non
 @given(st.one_of(st.none(), st.integers(), st.text(max_size=30), st.floats()))
 def test_fuzz_non_bytes_payloads(payload: object) -> None:
     _accepts_or_message_error(m.topic(CLUSTER, "n1", "status"), payload)
+
+
+# ------------------------------------------------------------------------------- authentication (edge/auth.py)
+
+from gt_serve.edge.auth import AuthError, AuthHeader, ClusterKeys, ReplayGuard, read_header  # noqa: E402
+
+messages = m
+
+KEY = "k" * 32
+TOPIC = "gt/v1/c1/node/b/status"
+
+
+def signed_status(keys: ClusterKeys, *, seq: int = 1, sess: int = 1, ts_s: float = 1000.0,
+                  state: str = "ready", epoch: int = 7, topic_name: str = TOPIC) -> bytes:
+    payload = messages.encode(messages.Status(node="b", epoch=epoch, state=state, ts_s=ts_s))
+    return keys.sign(topic_name, payload, sess=sess, seq=seq, ts_s=ts_s)
+
+
+def test_signed_message_verifies_and_still_decodes_as_v1() -> None:
+    keys = ClusterKeys(KEY)
+    payload = signed_status(keys)
+    kid = keys.verify(TOPIC, payload)
+    msg = messages.decode(TOPIC, payload, "c1")  # a keyless peer reads it: extras are ignored
+    assert msg.state == "ready" and msg.epoch == 7
+    header = read_header(json.loads(payload), kid)
+    assert (header.sess, header.seq, header.ts_s) == (1, 1, 1000.0)
+
+
+@pytest.mark.parametrize("tamper, reason", [
+    (lambda p: p.replace(b'"ready"', b'"lost"'), "bad_mac"),  # body changed
+    (lambda p: p.replace(b'"seq":1', b'"seq":9'), "bad_mac"),  # auth block changed
+    (lambda p: p[:-4] + (b"00" if p[-4:-2] != b"00" else b"11") + p[-2:], "bad_mac"),  # MAC changed
+    (lambda p: p[:p.index(b',"auth"')] + b"}", "unsigned"),  # stripped
+    (lambda p: p.replace(p[p.index(b'"kid":"') + 7:p.index(b'"kid":"') + 15], b"deadbeef"), "unknown_key"),
+])
+def test_any_change_is_rejected(tamper, reason) -> None:
+    keys = ClusterKeys(KEY)
+    with pytest.raises(AuthError) as err:
+        keys.verify(TOPIC, tamper(signed_status(keys)))
+    assert err.value.reason == reason
+
+
+def test_a_message_moved_to_another_topic_or_signed_with_another_key_fails() -> None:
+    keys = ClusterKeys(KEY)
+    with pytest.raises(AuthError, match="MAC"):
+        keys.verify("gt/v1/c1/node/x/status", signed_status(keys))
+    other = ClusterKeys("o" * 32)
+    with pytest.raises(AuthError) as err:
+        keys.verify(TOPIC, signed_status(other))
+    assert err.value.reason == "unknown_key"
+
+
+def test_rotation_accepts_the_previous_key() -> None:
+    old, new = "old-key-" * 4, "new-key-" * 4
+    rotated = ClusterKeys(new, (old,))
+    assert rotated.verify(TOPIC, signed_status(ClusterKeys(old)))
+    assert rotated.verify(TOPIC, signed_status(ClusterKeys(new)))
+    with pytest.raises(AuthError):
+        ClusterKeys(new).verify(TOPIC, signed_status(ClusterKeys(old)))  # grace period over
+    with pytest.raises(ValueError):
+        ClusterKeys(None, (old,))
+
+
+def header(seq: int, sess: int = 1, ts_s: float = 1000.0) -> AuthHeader:
+    return AuthHeader("k", sess, seq, ts_s)
+
+
+def test_replays_and_stale_messages_are_rejected() -> None:
+    guard = ReplayGuard(window_s=30.0)
+    guard.check("b", 7, header(5), is_will=False, now_wall_s=1000.0)
+    for bad_epoch, bad_seq in ((7, 5), (7, 4), (6, 99)):
+        with pytest.raises(AuthError) as err:
+            guard.check("b", bad_epoch, header(bad_seq), is_will=False, now_wall_s=1000.0)
+        assert err.value.reason == "replay"
+    with pytest.raises(AuthError) as err:
+        guard.check("b", 7, header(6, ts_s=900.0), is_will=False, now_wall_s=1000.0)
+    assert err.value.reason == "stale"
+    guard.check("b", 7, header(6), is_will=False, now_wall_s=1010.0)
+    guard.check("b", 8, header(1), is_will=False, now_wall_s=1010.0)  # a new incarnation starts over
+    assert guard.seen("b", 8, 1) and not guard.seen("b", 8, 2)
+
+
+def test_the_last_will_skips_the_time_window_but_not_the_connection_order() -> None:
+    guard = ReplayGuard(window_s=30.0)
+    guard.check("b", 7, header(10, sess=2, ts_s=5000.0), is_will=False, now_wall_s=5000.0)
+    # the will of connection 2, signed long ago at connect time (low seq, old ts), is accepted
+    guard.check("b", 7, header(3, sess=2, ts_s=10.0), is_will=True, now_wall_s=5000.0)
+    # an old will (connection 1) replayed after the node reconnected is not
+    with pytest.raises(AuthError, match="old connection"):
+        guard.check("b", 7, header(1, sess=1, ts_s=10.0), is_will=True, now_wall_s=5000.0)
+    with pytest.raises(AuthError):  # nor one of an old epoch
+        guard.check("b", 6, header(1, sess=5, ts_s=10.0), is_will=True, now_wall_s=5000.0)

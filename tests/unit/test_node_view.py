@@ -221,3 +221,37 @@ async def test_wait_for_real_clock_deadline_and_staleness() -> None:
     assert v.health("b", v_now + 0.2) is Health.DEAD
     with pytest.raises(TimeoutError):
         await v.wait_for(lambda now_s: False, timeout_s=0.01)
+
+
+# ------------------------------------------------------------------------------- broker loss
+
+def test_broker_loss_keeps_the_last_view_for_a_bounded_time() -> None:
+    v = view(stale_view_s=10.0)
+    v.update(st("b"), 0.0)
+    v.update(tel("b", 1), 0.5)
+    v.link_down(2.0, since_s=1.0)  # the broker was last heard from at 1.0
+    assert v.link_is_down
+    assert v.health("b", 9.0) is Health.LIVE  # silence no longer counts
+    assert v.next_transition_s(9.0) == pytest.approx(11.0)
+    assert v.health("b", 11.0) is Health.SUSPECT  # too old to route by
+    assert v.live_peers(11.0) == ()
+    v.link_up(20.0)  # 19 s outage added: b's silence resumes at 0.5 s
+    assert v.health("b", 20.0) is Health.LIVE
+    assert v.health("b", 23.0) is Health.SUSPECT  # 3 periods after the resumed silence
+    v.update(tel("b", 2), 23.5)
+    assert v.health("b", 23.5) is Health.LIVE
+
+
+def test_peer_silent_before_the_broker_went_stays_suspect() -> None:
+    v = view(stale_view_s=10.0)
+    v.update(st("b"), 0.0)
+    v.link_down(5.0, since_s=4.0)
+    assert v.health("b", 6.0) is Health.SUSPECT
+
+
+def test_verified_flag_follows_the_messages() -> None:
+    v = view()
+    v.update(st("b"), 0.0, verified=True)
+    assert v.peer("b", 0.0).verified
+    v.update(st("c"), 0.0)
+    assert not v.peer("c", 0.0).verified
