@@ -11,31 +11,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from .config import Config
+from .config import Config, metrics_bearer_token
 from .core.dataplane import DataPlane
 from .core.model_host import LocalModelHost
 from .core.registry import ModelRegistry
 from .core.stream_scheduler import StreamScheduler
 from .errors import GtServeError
-from .execution.batch_job import SimpleArrayBackend, make_job_factory
-from .execution.lanes import Lane, plan_cpu_lanes
-from .execution.memory_pool import HostBufferPool
+from .execution.batch_job import SimpleArrayBackend
+from .execution.job_factory import JobFactory
+from .execution.lane_plan import start_lanes
+from .execution.lanes import Lane
 
 log = logging.getLogger("gt_serve")
-
-
-def detect_gpus() -> list[int]:
-    """GPU ids usable for CUDA lanes: CuPy sees a device and onnxruntime has the CUDA provider."""
-    try:
-        from .backends.onnx_runner import available_providers
-
-        if "CUDAExecutionProvider" not in available_providers():
-            return []
-        import cupy
-
-        return list(range(cupy.cuda.runtime.getDeviceCount()))
-    except Exception:
-        return []
 
 
 class App:
@@ -63,35 +50,6 @@ class App:
         self._stop_event: asyncio.Event | None = None
 
     # -- wiring -------------------------------------------------------------------------------
-    def _build_lanes(self, loop: asyncio.AbstractEventLoop) -> None:
-        lc = self.cfg.lanes
-        gpus = detect_gpus()
-        if lc.gpus:
-            gpus = [g for g in gpus if g in lc.gpus]
-        for gpu in gpus:
-            import cupy
-
-            from .backends.cupy_backend import CupyBackend
-
-            with cupy.cuda.Device(gpu):
-                # one buffer pool per device, shared by its lanes, capped by lanes.gpu_memory_limit_bytes
-                device_pool = cupy.cuda.MemoryPool()
-                if lc.gpu_memory_limit_bytes:
-                    device_pool.set_limit(size=lc.gpu_memory_limit_bytes)
-                self.device_pools[f"gpu:{gpu}"] = device_pool
-                for s in range(max(1, lc.gpu_streams_per_device)):
-                    lane = Lane(f"gpu{gpu}.{s}", f"gpu:{gpu}", loop, stream=cupy.cuda.Stream(non_blocking=True))
-                    self.lanes.append(lane)
-                    self.lane_backends[lane.lane_id] = CupyBackend(stream=lane.stream, device_id=gpu,
-                                                                   memory_pool=device_pool)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        n_cpu, self._intra_op = plan_cpu_lanes(cores, lc.cpu_lanes if not gpus else max(1, lc.cpu_lanes or 1),
-                                               lc.intra_op_threads)
-        for i in range(n_cpu):
-            self.lanes.append(Lane(f"cpu.{i}", "cpu", loop))
-        for lane in self.lanes:
-            lane.start()
-
     def _runner_factory(self, model_path: str, device: str, lane: Lane):
         from .backends.onnx_runner import OnnxRunner
 
@@ -111,21 +69,24 @@ class App:
         log.info("no --model-repository given: serving the bundled demo repository")
         return demo_repository(self._demo_dir)
 
+    def _build_execution(self, loop: asyncio.AbstractEventLoop) -> LocalModelHost:
+        """Lanes and pools (execution.lane_plan), the scheduler, the energy books, and the host that puts
+        one ModelExecutor per loaded model on those lanes."""
+        backend = _array_backend()
+        plan = start_lanes(self.cfg.lanes, loop, backend)
+        self.lanes, self._intra_op, self.host_pool = plan.lanes, plan.intra_op_threads, plan.host_pool
+        self.lane_backends, self.device_pools = plan.lane_backends, plan.device_pools
+        self.scheduler = StreamScheduler(loop, self.lanes)
+        self._build_energy()
+        jobs = JobFactory(backend, self.host_pool, self.lane_backends, self.cfg.lanes.io_binding)
+        return LocalModelHost(loop, self.scheduler, self.lanes, self._runner_factory, jobs, self.cfg.models,
+                              energy_observer=self.energy.on_batch)
+
     async def start(self) -> None:
         from .backends.onnx_runner import describe_model
 
         cfg, s = self.cfg, self.cfg.server
-        loop = asyncio.get_running_loop()
-        self._build_lanes(loop)
-        self.scheduler = StreamScheduler(loop, self.lanes)
-        backend = _array_backend()
-        # host staging buffers: page-locked where a GPU lane copies from them
-        staging = next(iter(self.lane_backends.values()), backend)
-        self.host_pool = HostBufferPool(staging.alloc_host) if hasattr(staging, "alloc_host") else None
-        host = LocalModelHost(loop, self.scheduler, self.lanes, self._runner_factory,
-                              make_job_factory(backend, self.host_pool, self.lane_backends, cfg.lanes.io_binding),
-                              cfg.models)
-        self._build_energy(host)
+        host = self._build_execution(asyncio.get_running_loop())
         repo = self._repository()
         if not repo.is_dir():
             raise SystemExit(f"gt-serve: model repository '{repo}' is not a directory")
@@ -138,15 +99,28 @@ class App:
             except (GtServeError, ValueError) as exc:
                 raise SystemExit(f"gt-serve: {exc}") from None
         self.dataplane.energy_totals = self.energy.totals
-        await self._load_initial_models()
+        # listeners first: /v2/health/live answers while models load, /v2/health/ready says 400 until they are
         await self._start_front_ends()
-        await self._start_cluster()
         self._write_port_file()
-        self.dataplane.set_ready(True)
-        log.info("gt-serve ready: HTTP %s, gRPC %s, metrics %s; lanes %s", self.ports.get("http"),
-                 self.ports.get("grpc"), self.ports.get("metrics"), ", ".join(l.lane_id for l in self.lanes))
+        log.info("gt-serve live: HTTP %s, gRPC %s, metrics %s; loading models", self.ports.get("http"),
+                 self.ports.get("grpc"), self.ports.get("metrics"))
+        failed = await self._load_unless_stopped()
+        if failed is None:
+            log.info("stop requested while loading models: not becoming ready")
+            return
+        if failed and s.exit_on_error:
+            raise SystemExit(f"gt-serve: exiting: model(s) {', '.join(failed)} failed to load at start-up "
+                             "(--exit-on-error=false keeps serving the others)")
+        await self._start_cluster()
+        ready = not (failed and s.strict_readiness)
+        self.dataplane.set_ready(True, waiting_for=tuple(failed) if s.strict_readiness else ())
+        if ready:
+            log.info("gt-serve ready: lanes %s", ", ".join(l.lane_id for l in self.lanes))
+        else:
+            log.error("gt-serve stays NOT READY: model(s) %s failed to load at start-up (strict readiness; "
+                      "--strict-readiness=false reports ready with the models that loaded)", ", ".join(failed))
 
-    def _build_energy(self, host: LocalModelHost) -> None:
+    def _build_energy(self) -> None:
         from .backends.power import StaticProfileMeter, detect_meters
         from .core.energy import EnergyModel
         from .core.node_energy import NodeEnergy
@@ -169,7 +143,6 @@ class App:
             else:
                 meters[device] = node_meter
         self.energy = NodeEnergy(model, meters)
-        host.batch_observer = self.energy.on_batch
         if self.host_pool is not None:
             self.metric_providers.append(pool_metric_provider(self.host_pool))
             self.status_providers.append(lambda: {"host_pool": self.host_pool.statistics()})
@@ -181,16 +154,39 @@ class App:
         log.info("energy: profile %s, meters %s", self.power_profile.name,
                  ", ".join(sorted({m.name for m in meters.values()})))
 
-    async def _load_initial_models(self) -> None:
+    async def _load_initial_models(self) -> list[str]:
+        """Load the start-up models; return the names that failed (each logged once)."""
         s = self.cfg.server
         names = self.registry.scan()
         if s.model_control_mode == "explicit":
             names = names if "*" in s.load_models else list(s.load_models)
+        elif s.model_control_mode == "poll":
+            log.warning("model control mode 'poll': the repository is loaded at start-up but not polled (as 'none')")
+        failed = []
         for name in names:
             try:
                 await self.registry.load(name)
             except Exception as exc:  # one broken model must not keep the others from serving
                 log.error("%s", exc)
+                failed.append(name)
+        return failed
+
+    async def _load_unless_stopped(self) -> list[str] | None:
+        """_load_initial_models, given up when SIGTERM comes first (None): a pod told to stop while it loads
+        must not spend its grace period loading models."""
+        loading = asyncio.ensure_future(self._load_initial_models())
+        if self._stop_event is None:
+            return await loading
+        stopping = asyncio.ensure_future(self._stop_event.wait())
+        try:
+            await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if loading.done():
+            return loading.result()
+        loading.cancel()
+        await asyncio.gather(loading, return_exceptions=True)
+        return None
 
     async def _start_front_ends(self) -> None:
         s = self.cfg.server
@@ -199,16 +195,20 @@ class App:
 
             self.http = await start_http(self.dataplane, s.host, s.http_port, max_body_bytes=s.max_body_bytes,
                                          max_connections=s.max_connections, auth_token=s.auth_token,
-                                         idle_timeout_s=s.idle_timeout_s)
+                                         idle_timeout_s=s.idle_timeout_s, header_timeout_s=s.header_timeout_s,
+                                         body_timeout_s=s.body_timeout_s)
             self.ports["http"] = self.http.port
         if s.allow_grpc:
+            grpc_kwargs = {"auth_token": s.auth_token, "peer_token": self.cfg.cluster.peer_token,
+                           "max_message_bytes": s.max_body_bytes}
             if s.grpc_transport == "native":
                 from .protocol.grpc_native import start_grpc_native as start_grpc
+
+                grpc_kwargs.update(max_connections=s.max_connections, idle_timeout_s=s.idle_timeout_s)
             else:
                 from .protocol.grpc import start_grpc
 
-            self.grpc = await start_grpc(self.dataplane, s.host, s.grpc_port, auth_token=s.auth_token,
-                                         peer_token=self.cfg.cluster.peer_token)
+            self.grpc = await start_grpc(self.dataplane, s.host, s.grpc_port, **grpc_kwargs)
             self.ports["grpc"] = self.grpc.port
         if s.allow_metrics:
             try:
@@ -216,7 +216,10 @@ class App:
             except ImportError:
                 start_metrics = None
             if start_metrics is not None:
-                self.metrics = await start_metrics(self, s.host, s.metrics_port)
+                token = metrics_bearer_token(s)
+                if token is None and s.auth_token:
+                    log.warning("the metrics port is open (server.metrics_auth: none) although the API needs a token")
+                self.metrics = await start_metrics(self, s.host, s.metrics_port, auth_token=token)
                 self.ports["metrics"] = self.metrics.port
 
     async def _start_cluster(self) -> None:
@@ -226,12 +229,9 @@ class App:
             return
         from .core.fleet import FleetRouter, local_row_factory, local_snapshot
         from .core.router import Router, RouterSet
+        from .edge.fleet_setup import build_agent, build_outliers
         from .edge.peer_client import PeerClient
-        from .edge.telemetry import BrokerSettings, TelemetryAgent
 
-        broker = BrokerSettings(host=t.broker_host, port=t.broker_port, username=t.username, password=t.password,
-                                ca_file=t.tls_ca_file, cert_file=t.tls_cert_file, key_file=t.tls_key_file,
-                                tls_insecure=t.tls_insecure, keepalive_s=t.keepalive_s)
         caps = {"endpoints": {"grpc": f"{c.advertise_host}:{self.ports.get('grpc', 0)}",
                               "http": f"{c.advertise_host}:{self.ports.get('http', 0)}"},
                 "devices": [{"id": d, "kind": "gpu" if d.startswith("gpu") else "cpu", "memory_bytes": 0}
@@ -240,8 +240,10 @@ class App:
                 "power_profile": {"name": self.power_profile.name, "idle_w": self.power_profile.idle_w,
                                   "busy_w": self.power_profile.busy_w}}
         snapshot = lambda: local_snapshot(self.registry.loaded(), self.lanes, self.energy)  # noqa: E731
-        self.telemetry = TelemetryAgent(broker, cluster=c.name, node=self.cfg.node_name, snapshot=snapshot,
-                                        caps=caps, period_s=t.period_s)
+        try:
+            self.telemetry = build_agent(self.cfg, caps=caps, snapshot=snapshot)  # signed telemetry (cluster key)
+        except GtServeError as exc:
+            raise SystemExit(f"gt-serve: {exc}") from None
         await self.telemetry.start()
         r = self.cfg.router
         router = RouterSet(Router(r.policy, r.epsilon),
@@ -249,12 +251,14 @@ class App:
         slo = {m: ms / 1e3 for m, ms in r.slo_ms.items()}
         self.fleet = FleetRouter(self.cfg.node_name, self.telemetry.view, router,
                                  local_row=local_row_factory(self.registry, self.energy),
-                                 slo_s=lambda model: slo.get(model, float("inf")))
+                                 slo_s=lambda model: slo.get(model, float("inf")), outliers=build_outliers(self.cfg),
+                                 budget_s=c.forward_timeout_s)
         self.peer_client = PeerClient(token=c.peer_token or self.cfg.server.auth_token, timeout_s=c.forward_timeout_s)
         self.dataplane.fleet = self.fleet
-        self.dataplane.forward = lambda target, request: self.peer_client.forward(target.node, target.endpoint, request)
+        self.dataplane.forward = lambda target, request, deadline_s=None, visited=frozenset(): self.peer_client.forward(
+            target.node, target.endpoint, request, deadline_s, visited, target.verified)  # token: verified peers only
         self.dataplane.describe_peer = lambda target, model: self.peer_client.describe(target.node, target.endpoint,
-                                                                                      model)
+                                                                                      model, target.verified)
         self.dataplane.max_hops = c.max_hops
         self.status_providers.append(self._peers_status)
         from .protocol.resource_metrics import fleet_metric_provider
@@ -270,7 +274,9 @@ class App:
                            "grpc": (getattr(p.caps, "endpoints", None) or {}).get("grpc", ""),
                            "models": list(getattr(p.caps, "models", ()))}
                           for p in self.telemetry.view.peers(now)],
-                "routes": dict(self.fleet.decisions)}
+                "routes": dict(self.fleet.decisions), "rerouted": dict(self.fleet.rerouted),
+                "broker_link": "down" if self.telemetry.view.link_is_down else "up",
+                "telemetry_rejected": dict(self.telemetry.stats.rejected)}
 
     def _write_port_file(self) -> None:
         path = self.cfg.server.port_file
@@ -281,8 +287,17 @@ class App:
             os.replace(tmp, path)
 
     # -- lifecycle ----------------------------------------------------------------------------
+    async def _close_models(self, budget_s: float) -> None:
+        """Unload every model, within what is left of the drain budget (at least 1 s): the whole drain stays
+        inside Kubernetes' grace period however many models there are."""
+        try:
+            await asyncio.wait_for(self.registry.close_all(), max(budget_s, 1.0))
+        except asyncio.TimeoutError:
+            log.warning("drain budget spent: exiting with model queues not yet empty")
+
     async def stop(self) -> None:
         drain_s = self.cfg.server.drain_timeout_s
+        deadline_s = time.monotonic() + drain_s
         if self.dataplane is not None:
             self.dataplane.set_draining()
         if self.telemetry is not None:
@@ -299,7 +314,7 @@ class App:
         if self.peer_client is not None:
             await self.peer_client.close()
         if self.registry is not None:
-            await self.registry.close_all()
+            await self._close_models(deadline_s - time.monotonic())
         if self.scheduler is not None:
             self.scheduler.stop()
         for lane in self.lanes:
@@ -334,7 +349,7 @@ def _device_profile(cfg: Config):
 
 
 def _loop_factory(choice: str):
-    """uvloop when present (GT_EVENT_LOOP=asyncio forces the standard loop)."""
+    """uvloop when present (server.event_loop "asyncio", or GT_EVENT_LOOP=asyncio, forces the standard loop)."""
     if choice != "asyncio":
         try:
             import uvloop
@@ -368,8 +383,8 @@ def _raise_open_file_limit(wanted: int) -> None:
 
 
 def run(cfg: Config) -> None:
-    _raise_open_file_limit(cfg.server.max_connections + 256)  # + models, lanes, logs, the broker
+    _raise_open_file_limit(2 * cfg.server.max_connections + 256)  # HTTP + gRPC, + models, lanes, logs, the broker
     app = App(cfg)
-    runner = asyncio.Runner(loop_factory=_loop_factory(os.environ.get("GT_EVENT_LOOP", "")))
+    runner = asyncio.Runner(loop_factory=_loop_factory(cfg.server.event_loop))
     with runner:
         runner.run(app.serve())

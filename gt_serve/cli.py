@@ -17,34 +17,135 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+# Triton flags without a gt_serve meaning (KServe's Triton runtime, ModelMesh and Triton scripts pass them):
+# accepted as --flag=VALUE, --flag VALUE or a bare --flag, logged and ignored. Value "*" = any value is harmless.
+_TRITON_IGNORED: dict[str, tuple[str, frozenset[str]]] = {}
+for _names, _why, _harmless in (
+    (("strict-model-config",), "gt_serve always completes model configs from the ONNX graph", {"false", "0"}),
+    (("disable-auto-complete-config",), "gt_serve always completes model configs from the ONNX graph", set()),
+    (("http-thread-count", "sagemaker-thread-count", "vertex-ai-thread-count", "buffer-manager-thread-count",
+      "model-load-thread-count"), "one event loop serves every connection; execution lanes are sized by `lanes`",
+     set()),
+    (("allow-sagemaker", "allow-vertex-ai", "reuse-http-port", "reuse-grpc-port", "model-namespacing",
+      "grpc-use-ssl", "grpc-use-ssl-mutual", "grpc-keepalive-permit-without-calls"), "not supported",
+     {"false", "0"}),
+    (("allow-gpu-metrics", "allow-cpu-metrics"), "device metrics follow --allow-metrics", {"*"}),
+    (("backend-config", "backend-directory", "repoagent-directory", "host-policy", "rate-limit",
+      "rate-limit-resource", "model-load-retry-count", "model-load-gpu-limit", "min-supported-compute-capability",
+      "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size", "cuda-virtual-address-size",
+      "response-cache-byte-size", "cache-config", "cache-directory", "repository-poll-secs",
+      "http-header-forward-pattern", "grpc-header-forward-pattern", "http-restricted-api",
+      "grpc-restricted-protocol", "grpc-infer-allocation-pool-size", "grpc-server-cert", "grpc-server-key",
+      "grpc-root-cert", "grpc-infer-response-compression-level", "grpc-keepalive-time", "grpc-keepalive-timeout",
+      "grpc-http2-max-pings-without-data", "grpc-http2-min-recv-ping-interval-without-data",
+      "grpc-http2-max-ping-strikes", "grpc-max-connection-age", "grpc-max-connection-age-grace",
+      "sagemaker-port", "sagemaker-safe-port-range", "vertex-ai-port", "vertex-ai-default-model",
+      "metrics-interval-ms", "metrics-config", "trace-file", "trace-level", "trace-rate", "trace-count",
+      "trace-log-frequency", "trace-config"), "no gt_serve equivalent", set()),
+    (("log-format", "log-file"), "gt_serve logs to stderr", set()),
+    (("metrics-address",), "one --host binds every listener", set()),
+):
+    for _name in _names:
+        _TRITON_IGNORED[_name] = (_why, frozenset(_harmless))
+
+
+class _TritonIgnored(argparse.Action):
+    """Collects (flag, value) of an ignored Triton flag into args.triton_ignored."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = list(getattr(namespace, self.dest, None) or [])
+        seen.append((option_string.lstrip("-"), "true" if values in (None, []) else str(values)))
+        setattr(namespace, self.dest, seen)
+
+
+def _add_triton_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Triton compatibility (accepted so Triton command lines work unchanged)")
+    g.add_argument("--id", dest="server_name", help="as --server-name")
+    g.add_argument("--log-verbose", dest="triton_log_verbose", type=int, nargs="?", const=1, metavar="N",
+                   help="N > 0: DEBUG logging")
+    for level in ("info", "warning", "error"):
+        g.add_argument(f"--log-{level}", dest=f"triton_log_{level}", type=_bool, nargs="?", const=True,
+                       metavar="BOOL", help=f"false: drop {level.upper()} messages")
+    for name in _TRITON_IGNORED:
+        nargs = 0 if name == "disable-auto-complete-config" else "?"
+        g.add_argument(f"--{name}", dest="triton_ignored", action=_TritonIgnored, nargs=nargs,
+                       help=argparse.SUPPRESS)
+
+
+def _triton_log_level(args: argparse.Namespace) -> str | None:
+    """--log-verbose / --log-info / --log-warning / --log-error as one level (None: none given)."""
+    if args.triton_log_verbose:
+        return "DEBUG"
+    flags = (args.triton_log_info, args.triton_log_warning, args.triton_log_error)
+    if all(flag is None for flag in flags) and args.triton_log_verbose is None:
+        return None
+    for level, on in zip(("INFO", "WARNING", "ERROR"), flags):
+        if on is not False:
+            return level
+    return "CRITICAL"
+
+
+def _ignored_notes(args: argparse.Namespace) -> list[str]:
+    notes = []
+    for name, value in args.triton_ignored or ():
+        why, harmless = _TRITON_IGNORED[name]
+        if "*" not in harmless and value.lower() not in harmless:
+            notes.append(f"ignoring Triton flag --{name}={value}: {why}")
+    return notes
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gt-serve", description="KServe V2 / Triton-compatible inference server for ONNX models")
-    p.add_argument("--model-repository", "--model-store", dest="model_repository",
-                   help="Triton-style model repository (default: the bundled demo)")
+    p.add_argument("--model-repository", "--model-store", dest="model_repository", action="append",
+                   help="Triton-style model repository (default: the bundled demo); one (Triton takes several)")
     p.add_argument("--http-port", type=int, help="HTTP port (0 = pick a free port; default 8000)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (0 = pick a free port; default 8001)")
     p.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0 = pick a free port; default 8002)")
     p.add_argument("--host", "--http-address", "--grpc-address", dest="host", help="address to bind (default 0.0.0.0)")
     p.add_argument("--config", help="node YAML (see edge_configs/)")
-    p.add_argument("--model-control-mode", choices=["none", "explicit"], help="none: load everything; explicit: load API")
+    p.add_argument("--model-control-mode", choices=["none", "explicit", "poll"],
+                   help="none: load everything; explicit: load API; poll: as none (no repository polling)")
     p.add_argument("--load-model", action="append", dest="load_models", metavar="NAME",
                    help="with explicit mode, load NAME at start ('*' = all); repeatable")
     p.add_argument("--server-name", help="name reported by server metadata (default gt_serve; 'triton' for Triton clients)")
     p.add_argument("--port-file", help="write the bound ports as JSON to this file once serving")
-    p.add_argument("--allow-http", type=_bool, metavar="BOOL")
-    p.add_argument("--allow-grpc", type=_bool, metavar="BOOL")
-    p.add_argument("--allow-metrics", type=_bool, metavar="BOOL")
+    p.add_argument("--allow-http", type=_bool, nargs="?", const=True, metavar="BOOL")
+    p.add_argument("--allow-grpc", type=_bool, nargs="?", const=True, metavar="BOOL")
+    p.add_argument("--allow-metrics", type=_bool, nargs="?", const=True, metavar="BOOL")
+    p.add_argument("--strict-readiness", type=_bool, nargs="?", const=True, metavar="BOOL",
+                   help="ready only once every model loaded at start-up is READY (default true)")
+    p.add_argument("--exit-on-error", type=_bool, nargs="?", const=True, metavar="BOOL",
+                   help="exit with status 1 when a model fails to load at start-up (default true)")
+    p.add_argument("--exit-timeout-secs", "--drain-timeout-s", type=float, dest="drain_timeout_s", metavar="S",
+                   help="SIGTERM: longest wait for in-flight requests before exiting (default 20)")
     p.add_argument("--max-body-bytes", type=int, help="largest accepted HTTP request body")
     p.add_argument("--max-connections", type=int, help="most concurrent HTTP connections")
     p.add_argument("--request-timeout-ms", type=float, help="default per-request deadline (0 = none)")
+    p.add_argument("--header-timeout-s", type=float, metavar="S",
+                   help="HTTP: longest time for a request's line and headers, from its first byte (default 10)")
+    p.add_argument("--body-timeout-s", type=float, metavar="S",
+                   help="HTTP: longest time for a request's body, from the end of its headers (default 60)")
     p.add_argument("--auth-token", help="require 'Authorization: Bearer TOKEN' (health endpoints stay open); or GT_AUTH_TOKEN")
+    p.add_argument("--metrics-auth", choices=["same", "token", "none"],
+                   help="metrics port auth: same = the --auth-token (default), token = --metrics-token, none = open")
+    p.add_argument("--metrics-token", help="bearer token for the metrics port with --metrics-auth token; or GT_METRICS_TOKEN")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
+    _add_triton_flags(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if k not in ("config", "request_timeout_ms") and v is not None}
+    overrides = {k: v for k, v in vars(args).items()
+                 if k not in ("config", "request_timeout_ms") and not k.startswith("triton_") and v is not None}
+    notes = _ignored_notes(args)
+    if args.model_repository:
+        overrides["model_repository"] = args.model_repository[0]
+        if len(args.model_repository) > 1:
+            notes.append(f"serving the first of {len(args.model_repository)} model repositories only: "
+                         f"{args.model_repository[0]}")
+    if args.log_level is None and _triton_log_level(args) is not None:
+        overrides["log_level"] = _triton_log_level(args)
     if args.load_models:
         overrides["load_models"] = tuple(args.load_models)
     if args.request_timeout_ms is not None:
@@ -56,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=getattr(logging, cfg.server.log_level, logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for note in notes:
+        logging.getLogger("gt_serve").warning("%s", note)
     from .app import run
 
     try:

@@ -15,6 +15,8 @@ MODEL_CONTROL_MODES = ("none", "explicit", "poll")
 ROUTER_POLICIES = ("balanced", "latency", "energy", "round_robin", "least_loaded", "cosine")
 IO_BINDING_MODES = ("auto", "always", "never")
 GRPC_TRANSPORTS = ("grpcio", "native")
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+METRICS_AUTH_MODES = ("same", "token", "none")
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,21 @@ class ServerConfig:
     max_batch_size: int = 0  # server-wide cap on a request's batch (0 = only the model's limit)
     request_timeout_s: float = 0.0  # default per-request deadline (0 = none)
     idle_timeout_s: float = 60.0
-    drain_timeout_s: float = 30.0
+    # HTTP/1.1 slow clients: a request's line + headers must arrive within header_timeout_s of its first byte
+    # (of the accept, for a connection's first request), its body within body_timeout_s of the headers; else 408
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    # SIGTERM: the whole drain (front ends, then models) is bounded by this; well inside Kubernetes' default
+    # terminationGracePeriodSeconds (30 s) and Triton's --exit-timeout-secs default (30 s)
+    drain_timeout_s: float = 20.0
+    strict_readiness: bool = True  # /v2/health/ready only once every model loaded at start-up is READY (Triton)
+    exit_on_error: bool = True  # a model that fails to load at start-up stops the server, exit status 1 (Triton)
+    event_loop: str = "auto"  # "auto"/"uvloop" = uvloop when installed, "asyncio" = the standard loop
     auth_token: str | None = None
+    # the metrics port (/metrics, /status.json, status page): "same" = the API's auth_token guards it when one
+    # is set; "token" = metrics_token (or GT_METRICS_TOKEN) guards it; "none" = open (explicit opt-out)
+    metrics_auth: str = "same"
+    metrics_token: str | None = None
     allow_grpc: bool = True
     grpc_transport: str = "native"  # "native" (our HTTP/2 transport, protocol/grpc_native.py) or "grpcio"
     allow_http: bool = True
@@ -75,6 +90,7 @@ class TelemetryConfig:
     tls_insecure: bool = False
     period_s: float = 1.0
     keepalive_s: int = 5
+    stale_view_s: float = 30.0  # broker away: peers keep their last health this long, then are not routed to
 
 
 @dataclass(frozen=True)
@@ -82,8 +98,20 @@ class ClusterConfig:
     name: str = "default"
     peer_token: str | None = None
     max_hops: int = 2
-    forward_timeout_s: float = 10.0
+    forward_timeout_s: float = 10.0  # the whole fleet path of a request without a deadline of its own
     advertise_host: str = "127.0.0.1"
+    # telemetry authentication (edge/auth.py): HMAC-SHA256 key (or GT_CLUSTER_KEY), older keys still accepted
+    # while a rotation rolls out, and the replay window (message time vs this node's clock)
+    key: str | None = None
+    previous_keys: tuple = ()
+    replay_window_s: float = 30.0
+    require_key: bool = False  # refuse to start with telemetry on and no key
+    # outlier ejection (core/outlier.py): an answer slower than max(slow_factor x median, slow_min_s) is slow;
+    # eject_after_failures errors/slow answers in a row eject a peer for ejection_s (doubling, capped)
+    slow_factor: float = 8.0
+    slow_min_s: float = 0.25
+    eject_after_failures: int = 3
+    ejection_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -207,6 +235,12 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"config key 'server.{key}' must be a port number 0-65535, got {port!r}")
     if s.grpc_transport not in GRPC_TRANSPORTS:
         raise ConfigError(f"config key 'server.grpc_transport' must be one of {GRPC_TRANSPORTS}, got {s.grpc_transport!r}")
+    for key in ("idle_timeout_s", "header_timeout_s", "body_timeout_s"):
+        if not getattr(s, key) > 0:
+            raise ConfigError(f"config key 'server.{key}' must be a positive number of seconds, got {getattr(s, key)!r}")
+    if s.event_loop not in EVENT_LOOPS:
+        raise ConfigError(f"config key 'server.event_loop' must be one of {EVENT_LOOPS}, got {s.event_loop!r}")
+    _validate_metrics_auth(s)
     if cfg.router.policy not in ROUTER_POLICIES:
         raise ConfigError(f"config key 'router.policy' must be one of {ROUTER_POLICIES}, got {cfg.router.policy!r}")
     for model, policy in cfg.router.model_policies.items():
@@ -221,13 +255,104 @@ def validate(cfg: Config) -> None:
                           f"got {cfg.lanes.gpu_memory_limit_bytes!r}")
     if cfg.telemetry.period_s <= 0:
         raise ConfigError(f"config key 'telemetry.period_s' must be positive, got {cfg.telemetry.period_s!r}")
+    _validate_cluster(cfg.cluster)
     if not isinstance(cfg.models, Mapping) or any(not isinstance(v, Mapping) for v in cfg.models.values()):
         raise ConfigError("config key 'models' must map model names to mappings")
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
-    """Read the node YAML (if any), apply environment (GT_AUTH_TOKEN, GT_GRPC_TRANSPORT, GT_PEER_TOKEN, GT_MQTT_PASSWORD)
-    and command-line overrides (server-section keys), validate, and return the frozen Config."""
+def _validate_cluster(c: ClusterConfig) -> None:
+    for i, key in enumerate((c.key, *c.previous_keys)):
+        if key is not None and (not isinstance(key, str) or len(key) < 16):
+            where = "cluster.key" if i == 0 else f"cluster.previous_keys[{i - 1}]"
+            raise ConfigError(f"config key '{where}' must be a string of at least 16 characters "
+                              "(e.g. `openssl rand -hex 32`)")
+    if c.previous_keys and not c.key:
+        raise ConfigError("config key 'cluster.previous_keys' needs 'cluster.key' (GT_CLUSTER_KEY): the key to sign with")
+    for name in ("replay_window_s", "slow_min_s", "ejection_s"):
+        if not getattr(c, name) > 0:
+            raise ConfigError(f"config key 'cluster.{name}' must be positive, got {getattr(c, name)!r}")
+    if c.slow_factor < 1 or c.eject_after_failures < 1:
+        raise ConfigError("config keys 'cluster.slow_factor' and 'cluster.eject_after_failures' must be at least 1")
+
+
+def _validate_metrics_auth(s: ServerConfig) -> None:
+    if s.metrics_auth not in METRICS_AUTH_MODES:
+        raise ConfigError(f"config key 'server.metrics_auth' must be one of {METRICS_AUTH_MODES}, got {s.metrics_auth!r}")
+    if s.metrics_auth == "token" and not s.metrics_token:
+        raise ConfigError("config key 'server.metrics_auth' is 'token' but 'server.metrics_token' "
+                          "(or GT_METRICS_TOKEN) is not set")
+    if s.metrics_token and s.metrics_auth != "token":
+        raise ConfigError(f"config key 'server.metrics_token' is set but 'server.metrics_auth' is "
+                          f"{s.metrics_auth!r}: set it to 'token' (--metrics-auth token) to use it")
+
+
+def metrics_bearer_token(s: ServerConfig) -> str | None:
+    """The bearer token the metrics port requires (None = open), from server.metrics_auth."""
+    if s.metrics_auth == "token":
+        return s.metrics_token
+    if s.metrics_auth == "same":
+        return s.auth_token
+    return None
+
+
+_ENV_FREE = ("power_profile",)  # free-form mapping: any key, checked where the section is used
+_ENV_YAML_ONLY = ("models", "pipelines")  # per-model / per-pipeline tables: only from the YAML file
+
+
+def env_layer(raw: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """`raw` (the file's mapping) overlaid with every GT_SECTION__KEY=value in `environ` (section and key in
+    upper case: GT_SERVER__HTTP_PORT=8080). Values are YAML (`8080`, `true`, `[a, b]`, `{m: 5}`); a string key
+    keeps the text as written, a list key also takes one bare item. Errors name the variable."""
+    out = {key: (dict(value) if isinstance(value, Mapping) else value) for key, value in raw.items()}
+    for var in sorted(v for v in environ if v.startswith("GT_") and "__" in v):
+        section, _, key = var[3:].lower().partition("__")
+        current = out.get(section)
+        out[section] = {**(current if isinstance(current, Mapping) else {}),
+                        key: _env_value(var, section, key, environ[var])}
+    return out
+
+
+def _env_value(var: str, section: str, key: str, text: str) -> Any:
+    import yaml
+
+    def fail(message: str) -> ConfigError:
+        return ConfigError(f"environment variable {var}: {message}")
+
+    if section in _ENV_YAML_ONLY:
+        raise fail(f"the '{section}' section is set only in the YAML file (--config or GT_CONFIG)")
+    known = ({f.name: str(f.type) for f in fields(_SECTIONS[section])} if section in _SECTIONS
+             else {"name": "str", "cluster": "str"} if section == "node" else {} if section in _ENV_FREE else None)
+    if known is None:
+        names = ", ".join(s.upper() for s in sorted([*_SECTIONS, "node", *_ENV_FREE]))
+        raise fail(f"unknown config section '{section}' (GT_SECTION__KEY with SECTION one of {names})")
+    if known and key not in known:
+        raise fail(f"unknown config key '{section}.{key}' (known: {', '.join(sorted(known))})")
+    if known.get(key) in ("str", "str | None"):
+        return text
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as exc:
+        raise fail(f"not a YAML value: {exc}") from None
+    if value is None:
+        raise ConfigError(f"environment variable {var} is empty: unset it or give a value")
+    if known.get(key, "").startswith("tuple") and not isinstance(value, list):
+        value = [value]
+    if section in _SECTIONS:  # a wrong type is reported with the variable's name
+        try:
+            _check_type(f"{section}.{key}", value, getattr(_SECTIONS[section](), key))
+        except ConfigError as exc:
+            raise fail(str(exc)) from None
+    return value
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Mapping[str, Any] | None = None,
+                environ: Mapping[str, str] | None = None) -> Config:
+    """Read the node YAML (`path`, else GT_CONFIG), apply the environment (GT_SECTION__KEY, see env_layer; then
+    the older short names GT_AUTH_TOKEN, GT_METRICS_TOKEN, GT_GRPC_TRANSPORT, GT_EVENT_LOOP, GT_PEER_TOKEN,
+    GT_CLUSTER_KEY, GT_MQTT_PASSWORD where nothing above set the key) and command-line overrides (server-section keys), validate,
+    and return the frozen Config. Precedence: defaults < YAML file < environment < command line."""
+    env = os.environ if environ is None else environ
+    path = path or env.get("GT_CONFIG") or None
     raw: dict[str, Any] = {}
     if path:
         import yaml
@@ -242,22 +367,29 @@ def load_config(path: str | os.PathLike | None = None, overrides: Mapping[str, A
             raise ConfigError(f"config file '{path}' is not valid YAML: {exc}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping at the top level")
+    raw = env_layer(raw, env)
     server = dict(raw.get("server") or {})
-    env_token = os.environ.get("GT_AUTH_TOKEN")
+    env_token = env.get("GT_AUTH_TOKEN")
     if env_token:
         server.setdefault("auth_token", env_token)
-    if os.environ.get("GT_GRPC_TRANSPORT"):
-        server.setdefault("grpc_transport", os.environ["GT_GRPC_TRANSPORT"])
+    if env.get("GT_METRICS_TOKEN"):
+        server.setdefault("metrics_token", env["GT_METRICS_TOKEN"])
+    if env.get("GT_GRPC_TRANSPORT"):
+        server.setdefault("grpc_transport", env["GT_GRPC_TRANSPORT"])
+    if env.get("GT_EVENT_LOOP"):
+        server.setdefault("event_loop", env["GT_EVENT_LOOP"])
     for key, value in (overrides or {}).items():
         if value is not None:
             server[key] = value
     raw = {**raw, "server": server}
     cluster = dict(raw.get("cluster") or {})
-    if os.environ.get("GT_PEER_TOKEN"):
-        cluster.setdefault("peer_token", os.environ["GT_PEER_TOKEN"])
+    if env.get("GT_PEER_TOKEN"):
+        cluster.setdefault("peer_token", env["GT_PEER_TOKEN"])
+    if env.get("GT_CLUSTER_KEY"):
+        cluster.setdefault("key", env["GT_CLUSTER_KEY"])
     raw["cluster"] = cluster
     telemetry = dict(raw.get("telemetry") or {})
-    if os.environ.get("GT_MQTT_PASSWORD"):
-        telemetry.setdefault("password", os.environ["GT_MQTT_PASSWORD"])
+    if env.get("GT_MQTT_PASSWORD"):
+        telemetry.setdefault("password", env["GT_MQTT_PASSWORD"])
     raw["telemetry"] = telemetry
     return parse_config(raw)

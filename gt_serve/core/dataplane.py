@@ -31,13 +31,15 @@ import numpy as np
 
 from .. import __version__
 from ..datatypes import array_from_raw, element_count, raw_from_array
-from ..errors import GtServeError, InvalidArgument, ModelNotFound, PeerUnavailable, Unavailable, Unsupported
+from ..errors import GtServeError, InvalidArgument, ModelNotFound, Unavailable, Unsupported
 from ..types import InferRequest, InferResponse, RequestedOutput, Tensor
+from .fleet_call import VISITED_PARAMETER, parse_visited, serve_in_fleet
 from .registry import READY, LoadedModel, ModelRegistry, decode_load_files
 from .shared_memory import CudaSharedMemory, SystemSharedMemory
 
 HOPS_PARAMETER = "gt_hops"  # how many nodes a forwarded request has passed through
-_NOT_ECHOED = frozenset({"binary_data_output", "headers", HOPS_PARAMETER})  # transport directives
+_NOT_ECHOED = frozenset({"binary_data_output", "headers", HOPS_PARAMETER,
+                         VISITED_PARAMETER})  # transport directives; gt_visited: no node visited twice
 
 EXTENSIONS = ["classification", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
               "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data",
@@ -57,7 +59,8 @@ class DataPlane:
         self.cuda_shm = cuda_shm or CudaSharedMemory()
         self.default_timeout_s = default_timeout_s
         self.max_batch_size = max_batch_size
-        # edge cluster (optional): fleet.choose() picks here or a peer; forward(target, request) sends it
+        # edge cluster (optional): fleet.choose() picks here or a peer; forward(target, request, deadline_s, visited)
+        # sends it (core/fleet_call.py runs the attempts)
         self.fleet = None
         self.forward = None
         self.max_hops = 2
@@ -67,6 +70,7 @@ class DataPlane:
         self._stage_infos: dict = {}
         self.energy_totals = None  # optional () -> {"models", "devices", "total"} (NodeEnergy.totals)
         self._ready = False
+        self._waiting_for: tuple[str, ...] = ()
         self._draining = False
 
     # -- health & metadata --------------------------------------------------------------------
@@ -74,10 +78,15 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
-        return self._ready and not self._draining
+        if self._waiting_for and all(self.registry.ready(name) for name in self._waiting_for):
+            self._waiting_for = ()  # strict readiness: the start-up models that failed have been loaded since
+        return self._ready and not self._waiting_for and not self._draining
 
-    def set_ready(self, ready: bool) -> None:
+    def set_ready(self, ready: bool, waiting_for: tuple[str, ...] = ()) -> None:
+        """`waiting_for`: models that must be READY before the server is (strict readiness after a
+        failed start-up load: loading them later through the repository API makes the server ready)."""
         self._ready = ready
+        self._waiting_for = tuple(waiting_for)
 
     def set_draining(self) -> None:
         self._draining = True
@@ -151,32 +160,17 @@ class DataPlane:
             request.hops = max(request.hops, hops)
         if self.pipelines is not None and request.model_name in self.pipelines:
             return await self.pipelines.infer(request)
+        visited = request.parameters.pop(VISITED_PARAMETER, None)
         if self.fleet is not None and request.hops < self.max_hops and _forwardable(request):
-            return await self._infer_in_fleet(request)
+            return await self._infer_in_fleet(request, visited)
         return await self._infer_here(request)
 
-    async def _infer_in_fleet(self, request: InferRequest) -> InferResponse:
-        """Serve here or on a peer, as the fleet router decides; a failed peer is routed around,
-        so the request is answered once, by whoever can."""
-        batch = request.inputs[0].shape[0] if request.inputs and request.inputs[0].shape else 1
-        tried: set[str] = set()
-        failures: list[str] = []
-        while True:
-            target = self.fleet.choose(request.model_name, batch, tried)
-            if target is None:
-                if failures and not self.registry.ready(request.model_name, request.model_version):
-                    raise Unavailable(f"model '{request.model_name}': no node could serve the request: "
-                                      + "; ".join(failures))
-                return await self._infer_here(request)
-            try:
-                response = await self.forward(target, request)
-            except PeerUnavailable as exc:
-                self.fleet.mark_failed(target.node)
-                tried.add(target.node)
-                failures.append(str(exc))
-                continue
-            self.fleet.mark_ok(target.node)
-            return response
+    async def _infer_in_fleet(self, request: InferRequest, visited: object) -> InferResponse:
+        """Serve here or on peers, as the fleet router decides, under one deadline; a peer that fails, turns
+        slow or leaves the live set is routed around at once, so the request is answered once, by whoever can."""
+        return await serve_in_fleet(
+            self.fleet, request, parse_visited(visited), local=lambda: self._infer_here(request),
+            local_ready=lambda: self.registry.ready(request.model_name, request.model_version), forward=self.forward)
 
     async def _infer_here(self, request: InferRequest) -> InferResponse:
         start_ns = _now_ns()

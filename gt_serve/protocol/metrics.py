@@ -92,6 +92,13 @@ class ServerCollector:
         """Energy, router and peers: present once those parts are wired into the app."""
         for provider in getattr(app, "metric_providers", ()):
             yield from provider()
+        stats = getattr(getattr(app, "telemetry", None), "stats", None)
+        if stats is not None:  # the fleet's telemetry: messages dropped (unsigned, bad MAC, replayed, ...)
+            rejected = CounterMetricFamily("gt_telemetry_rejected", "Peer telemetry messages dropped, by reason",
+                                           labels=["reason"])
+            for reason, count in sorted(stats.rejected.items()):
+                rejected.add_metric([reason], count)
+            yield rejected
 
 
 _METRICS_HEADERS = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
