@@ -66,7 +66,7 @@ def _cpu_plan(lc: LanesConfig, have_gpus: bool) -> tuple[int, int]:
     budget = usable_cpu_cores()
     n_cpu, intra_op = plan_cpu_lanes(budget.cores, lc.cpu_lanes if not have_gpus else max(1, lc.cpu_lanes or 1),
                                      lc.intra_op_threads)
-    log.info("CPU quota: %s cores, affinity %d cores -> %d CPU lane(s) x %d intra-op thread(s)",
-             "none" if budget.quota_cores is None else f"{budget.quota_cores:g}", budget.affinity_cores,
+    log.info("CPU quota: %s, affinity %d cores -> %d CPU lane(s) x %d intra-op thread(s)",
+             "none" if budget.quota_cores is None else f"{budget.quota_cores:g} cores", budget.affinity_cores,
              n_cpu, intra_op)
     return n_cpu, intra_op
