@@ -8,6 +8,11 @@ set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$(command -v python3 || command -v python)}
 LOG_DIR=${OUT:-}
+# The kernels ship as package data (gt_serve.kernels, mapped from kernels/ by setup.py). A repository
+# copy that was never installed (the lent machine's) has no such package: link it for this copy only.
+if ! "${PY}" -c "import importlib.resources as r; r.files('gt_serve.kernels')" >/dev/null 2>&1; then
+    ln -sfn ../kernels gt_serve/kernels && echo "linked gt_serve/kernels -> ../kernels (uninstalled copy)"
+fi
 SUMMARY=()
 FAILED=0
 

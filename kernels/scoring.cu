@@ -3,7 +3,7 @@
 //
 // Pass 1, gt_score_latency: predicted latency of one new request on each row, +inf where the row
 // is not viable (dead, unhealthy, not enough free memory, queue full).
-// Host: best = min(pred); bound = latency bound from best, eps and the SLO (router.latency_bound_s).
+// Host: best = min(pred); bound = latency bound from best, eps and the SLO (scoring.latency_bound_s).
 // Pass 2, gt_score_balanced: marginal energy where pred <= bound, +inf elsewhere; the router takes
 // the argmin and breaks ties on load.
 // No headers: CuPy compiles this with NVRTC. +inf as a bit pattern.
@@ -30,8 +30,9 @@ extern "C" __global__ void gt_score_latency(
     for (; i < n; i += stride) {
         bool viable = alive[i] && healthy[i] && free_mem_bytes[i] >= mem_bytes
                       && queue_depth[i] < queue_limit[i];
-        double wait = fmax(ready_at_s[i] - now_s, 0.0);
-        double pred = wait + service_s[i] + link_s[i] + (parked[i] ? wake_s[i] : 0.0);
+        // the same sums in the same order as scoring.py (base_latency_s, predict_latency_s)
+        double base = service_s[i] + link_s[i] + (parked[i] ? wake_s[i] : 0.0);
+        double pred = fmax(ready_at_s[i] - now_s, 0.0) + base;
         out_pred_s[i] = viable ? pred : GT_INF;
     }
 }

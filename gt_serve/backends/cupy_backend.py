@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.resources
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -25,22 +26,28 @@ from gt_serve.backends.numpy_backend import (
     usable_out,
 )
 
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+KERNELS_PACKAGE = "gt_serve.kernels"  # the top-level kernels/ folder, as installed (setup.py)
 KERNEL_FAMILY = "batching"
 KERNEL_NAMES = ("gt_pack", "gt_scatter", "gt_pack_pad")
 MAX_GRID_Y = 65535
 MAX_GRID_X = 1024
 
 
-def find_kernels_dir(explicit: Path | None = None) -> Path:
-    """Where the .cu sources are: `explicit`, else `gt_serve/kernels/` (installed wheel, package
-    data), else `kernels/` at the repository root (source checkout)."""
-    package_dir = Path(__file__).resolve().parents[1]
-    candidates = [explicit] if explicit is not None else []
-    candidates += [package_dir / "kernels", package_dir.parent / "kernels"]
-    for candidate in candidates:
-        if (candidate / f"{KERNEL_FAMILY}.cu").is_file():
-            return candidate
-    raise FileNotFoundError(f"{KERNEL_FAMILY}.cu not found in {[str(c) for c in candidates]}")
+def find_kernels_dir(explicit: Path | None = None) -> Traversable:
+    """Where the .cu sources are: `explicit` when given, else the package `gt_serve.kernels`, which
+    the build makes of the top-level kernels/ folder (setup.py) in wheels and editable installs
+    alike. A source tree that was never installed has no such package: `pip install -e .`."""
+    if explicit is not None:
+        return explicit
+    try:
+        return importlib.resources.files(KERNELS_PACKAGE)
+    except ModuleNotFoundError as exc:
+        raise FileNotFoundError(
+            f"CUDA kernel sources not found: {KERNELS_PACKAGE} is not installed (it is the repository's "
+            "kernels/ folder once gt_serve is installed: pip install -e . from the repository)") from exc
 
 
 def kernel_source(family: str, kernels_dir: Path | None = None) -> str:

@@ -1,10 +1,17 @@
-"""Balanced-policy scoring of a resource tensor: the NumPy twin and the CuPy kernel wrapper.
+"""Balanced-policy scoring of a resource tensor: the rule, its NumPy twin and the CuPy kernel wrapper.
 
-Both take the tensor's columns and return `(predicted_latency_s, score)`:
-  predicted_latency_s  per row, +inf where the row is not viable;
-  score                marginal energy where the row's latency is within the balanced bound
-                       (see `gt_serve.core.router.latency_bound_s`), +inf elsewhere.
-Either can be passed to `Router(scorer=...)`; the router's own NumPy code is the reference.
+The rule is written once, here, over plain column arrays (the router in core and the twin both
+use it; backends may not import core, core may import backends):
+  viable_rows          alive, healthy, room for the request's memory, queue not full;
+  base_latency_s       service + link + wake-up when parked: the part that does not age;
+  predict_latency_s    max(ready_at_s - now_s, 0) + base: one new request's predicted latency;
+  marginal_energy_j    marginal + link + wake-up commitment when parked;
+  latency_bound_s      rows at or under it compete on energy (eps and the SLO);
+  balanced_score       energy within the bound, +inf elsewhere.
+
+`numpy_score` (host twin of kernels/scoring.cu) and `CupyScorer` take the tensor's columns and
+return `(predicted_latency_s, score)`: latency per row (+inf where not viable) and the balanced
+score. Either can be passed to `Router(scorer=...)`.
 
 CuPy is imported lazily in `CupyScorer.__init__`, never at module import.
 """
@@ -22,12 +29,44 @@ KERNEL_NAMES = ("gt_score_latency", "gt_score_balanced")
 _MAX_FINITE = float(np.finfo(np.float64).max)
 
 
+def viable_rows(
+    alive: np.ndarray, healthy: np.ndarray, free_mem_bytes: np.ndarray, queue_depth: np.ndarray,
+    queue_limit: np.ndarray, mem_bytes: float,
+) -> np.ndarray:
+    mask = alive.astype(bool) & healthy.astype(bool)
+    mask &= free_mem_bytes >= mem_bytes
+    mask &= queue_depth < queue_limit
+    return mask
+
+
+def base_latency_s(service_s: np.ndarray, link_s: np.ndarray, wake_s: np.ndarray, parked: np.ndarray) -> np.ndarray:
+    """Service + link + wake-up when parked (the resource tensor keeps it per row as `base_s`)."""
+    return service_s + link_s + np.where(parked.astype(bool), wake_s, 0.0)
+
+
+def predict_latency_s(ready_at_s: np.ndarray, base_s: np.ndarray, now_s: float) -> np.ndarray:
+    """Wait for the batch the request would join, then `base_s`; +inf stays +inf (not viable)."""
+    pred = ready_at_s - now_s
+    np.maximum(pred, 0.0, out=pred)
+    pred += base_s
+    return pred
+
+
+def marginal_energy_j(marginal_j: np.ndarray, link_j: np.ndarray, wake_j: np.ndarray, parked: np.ndarray) -> np.ndarray:
+    return marginal_j + link_j + np.where(parked.astype(bool), wake_j, 0.0)
+
+
 def latency_bound_s(best_s: float, eps: float, slo_s: float) -> float:
-    """Same rule as the router's (kept here so backends do not import core)."""
+    """Rows with predicted latency <= bound compete on energy. Always finite, so rows at +inf
+    (not viable) never compete."""
     if best_s > slo_s:
-        return best_s
+        return best_s  # nobody meets the SLO: pure minimum latency
     bound = slo_s if math.isinf(eps) else min((1.0 + eps) * best_s, slo_s)
     return min(bound, _MAX_FINITE)
+
+
+def balanced_score(pred_s: np.ndarray, energy_j: np.ndarray, bound_s: float) -> np.ndarray:
+    return np.where(pred_s <= bound_s, energy_j, math.inf)
 
 
 def numpy_score(
@@ -51,19 +90,16 @@ def numpy_score(
     eps: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Host twin of kernels/scoring.cu (gt_score_latency, min, gt_score_balanced)."""
-    viable = alive.astype(bool) & healthy.astype(bool)
-    viable &= (free_mem_bytes >= mem_bytes) & (queue_depth < queue_limit)
-    pred = np.maximum(ready_at_s - now_s, 0.0) + service_s + link_s
-    pred += np.where(parked.astype(bool), wake_s, 0.0)
-    pred = np.where(viable, pred, np.inf)
+    viable = viable_rows(alive, healthy, free_mem_bytes, queue_depth, queue_limit, mem_bytes)
+    base = np.where(viable, base_latency_s(service_s, link_s, wake_s, parked), math.inf)
+    pred = predict_latency_s(ready_at_s, base, now_s)
     if pred.size == 0:
         return pred, pred.copy()
     best = float(pred.min())
     if best == math.inf:
         return pred, np.full_like(pred, np.inf)
     bound = latency_bound_s(best, eps, slo_s)
-    energy = marginal_j + link_j + np.where(parked.astype(bool), wake_j, 0.0)
-    return pred, np.where(pred <= bound, energy, np.inf)
+    return pred, balanced_score(pred, marginal_energy_j(marginal_j, link_j, wake_j, parked), bound)
 
 
 class CupyScorer:

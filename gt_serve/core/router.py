@@ -32,6 +32,7 @@ from typing import Callable, Literal, Mapping
 
 import numpy as np
 
+from gt_serve.backends import scoring
 from gt_serve.core.resource_tensor import TensorSnapshot
 from gt_serve.errors import ConfigError, Unavailable
 
@@ -39,7 +40,6 @@ PolicyName = Literal["balanced", "latency", "energy", "round_robin", "least_load
 POLICIES: tuple[str, ...] = ("balanced", "latency", "energy", "round_robin", "least_loaded", "cosine")
 TIE_REL = 1e-9  # energies within this relative distance of the best count as a tie
 _INF = math.inf
-_MAX_FINITE = float(np.finfo(np.float64).max)
 
 # scorer(alive, healthy, parked, free_mem_bytes, queue_depth, queue_limit, ready_at_s, service_s,
 #        link_s, wake_s, marginal_j, link_j, wake_j, *, now_s, mem_bytes, slo_s, eps)
@@ -65,51 +65,30 @@ class RouteDecision:
     marginal_energy_j: float
 
 
-# ---- the reference scoring (the NumPy twin in backends/scoring.py must agree) ------------------
+# ---- the scoring rule over a snapshot (written once, in backends/scoring.py) -------------------
 def viable_mask(snap: TensorSnapshot, mem_bytes: float) -> np.ndarray:
-    mask = snap.alive & snap.healthy
-    mask &= snap.free_mem_bytes >= mem_bytes
-    mask &= snap.queue_depth < snap.queue_limit
-    return mask
+    return scoring.viable_rows(snap.alive, snap.healthy, snap.free_mem_bytes, snap.queue_depth, snap.queue_limit,
+                               mem_bytes)
 
 
 def predicted_latency_s(snap: TensorSnapshot, mem_bytes: float, now_s: float) -> np.ndarray:
-    """Per-row predicted latency of one new request; inf where the row is not viable."""
-    pred = np.maximum(snap.ready_at_s - now_s, 0.0)
-    pred += snap.service_s
-    pred += snap.link_s
-    pred += np.where(snap.parked, snap.wake_s, 0.0)
-    pred[~viable_mask(snap, mem_bytes)] = _INF
-    return pred
+    """Per-row predicted latency of one new request from the raw columns; inf where the row is not
+    viable. The reference for `fast_predicted_latency_s`."""
+    base = scoring.base_latency_s(snap.service_s, snap.link_s, snap.wake_s, snap.parked)
+    return scoring.predict_latency_s(snap.ready_at_s, np.where(viable_mask(snap, mem_bytes), base, _INF), now_s)
 
 
 def fast_predicted_latency_s(snap: TensorSnapshot, mem_bytes: float, now_s: float) -> np.ndarray:
-    """Same values as `predicted_latency_s`, from the tensor's derived `base_s` column."""
-    pred = snap.ready_at_s - now_s
-    np.maximum(pred, 0.0, out=pred)
-    pred += snap.base_s
+    """Same values as `predicted_latency_s`, from the tensor's derived `base_s` column (already +inf
+    where dead, unhealthy or full): only the memory check is left per request."""
+    pred = scoring.predict_latency_s(snap.ready_at_s, snap.base_s, now_s)
     if mem_bytes > 0:
         pred[snap.free_mem_bytes < mem_bytes] = _INF
     return pred
 
 
 def marginal_energy_j(snap: TensorSnapshot) -> np.ndarray:
-    energy = snap.marginal_j + snap.link_j
-    energy += np.where(snap.parked, snap.wake_j, 0.0)
-    return energy
-
-
-def latency_bound_s(best_s: float, eps: float, slo_s: float) -> float:
-    """Rows with predicted latency <= bound compete on energy. Always finite, so rows at +inf
-    (not viable) never compete."""
-    if best_s > slo_s:
-        return best_s  # nobody meets the SLO: pure minimum latency
-    bound = slo_s if math.isinf(eps) else min((1.0 + eps) * best_s, slo_s)
-    return min(bound, _MAX_FINITE)
-
-
-def balanced_score(pred_s: np.ndarray, energy_j: np.ndarray, bound_s: float) -> np.ndarray:
-    return np.where(pred_s <= bound_s, energy_j, _INF)
+    return scoring.marginal_energy_j(snap.marginal_j, snap.link_j, snap.wake_j, snap.parked)
 
 
 class Router:
@@ -171,7 +150,8 @@ class Router:
         best = pred[int(pred.argmin())]
         if best == _INF:
             return pred
-        return np.where(pred <= latency_bound_s(float(best), self.eps, demand.slo_s), snap.energy_j, _INF)
+        bound_s = scoring.latency_bound_s(float(best), self.eps, demand.slo_s)
+        return scoring.balanced_score(pred, snap.energy_j, bound_s)
 
     def _external_scores(
         self, snap: TensorSnapshot, demand: RequestDemand, now_s: float

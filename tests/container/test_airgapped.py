@@ -12,7 +12,7 @@ from tests.container import images
 
 pytestmark = [pytest.mark.container, pytest.mark.slow]
 
-SOURCES = ("pyproject.toml", "README.md", "Dockerfile", ".dockerignore", "gt_serve", "kernels")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "Dockerfile", ".dockerignore", "gt_serve", "kernels")
 
 
 def test_network_none_build_from_a_wheelhouse(docker_available, base_image, tmp_path) -> None:

@@ -220,6 +220,15 @@ def test_cpu_image_size_within_budget(docker_available, gt_image) -> None:
     assert code_and_out.decode().strip() == "['onnxruntime']"
 
 
+def test_image_ships_the_cuda_kernels(docker_available, gt_image) -> None:
+    """kernels/ reaches the image as the package gt_serve.kernels (setup.py), which CupyBackend reads."""
+    out = docker_available.containers.run(
+        gt_image, ["-c", "import importlib.resources as r; print(sorted(p.name for p in "
+                         "r.files('gt_serve.kernels').iterdir() if p.name.endswith('.cu')))"],
+        entrypoint="python", remove=True, network_disabled=True)
+    assert out.decode().strip() == str(sorted(p.name for p in (images.REPO_ROOT / "kernels").glob("*.cu")))
+
+
 def test_build_ca_secret_is_not_in_the_image(docker_available, gt_image, base_image) -> None:
     """The CA bundle handed to the build as a secret appears in no layer the build added."""
     bundle_path = images.host_ca_bundle()

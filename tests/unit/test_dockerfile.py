@@ -241,7 +241,7 @@ def test_dockerignore_allows_the_package_sources() -> None:
         if line.strip() and not line.lstrip().startswith("#")
     ]
     allowed = [pattern[1:].rstrip("/") for pattern in patterns if pattern.startswith("!")]
-    needed = ["pyproject.toml", "gt_serve"]
+    needed = ["pyproject.toml", "setup.py", "gt_serve", "kernels"]  # setup.py maps kernels/ onto gt_serve.kernels
     pyproject = REPO_ROOT / "pyproject.toml"
     if pyproject.is_file():  # the build reads project.readme too
         readme = re.search(r'^readme\s*=\s*"([^"]+)"', pyproject.read_text(encoding="utf-8"), re.MULTILINE)

@@ -5,8 +5,8 @@ import pytest
 from gt_serve.backends.power import StaticProfileMeter
 from gt_serve.core.energy_accounting import EnergyAccounting, dynamic_from_meter
 from gt_serve.errors import Internal
-from gt_serve.sim.engine import FleetSim
-from gt_serve.sim.scenarios import Fault, load_scenario
+from gt_serve.tools.sim.engine import FleetSim
+from gt_serve.tools.sim.scenarios import Fault, load_scenario
 
 
 def test_batches_split_evenly_and_totals_export() -> None:

@@ -1,4 +1,4 @@
-"""gt_serve.shard: split ONNX models at intermediate tensors; the stages run in sequence equal the whole."""
+"""gt_serve.tools.shard: split ONNX models at intermediate tensors; the stages run in sequence equal the whole."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from gt_serve import model_builders as mb
-from gt_serve import shard
+from gt_serve.tools import shard
 from gt_serve.config import parse_config
 from gt_serve.core.model_config import parse_pbtxt
 

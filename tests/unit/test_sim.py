@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from gt_serve.errors import ConfigError
-from gt_serve.sim.__main__ import main
-from gt_serve.sim.engine import FleetSim, run_scenario
-from gt_serve.sim.scenarios import BUNDLED, Fault, TraceSpec, arrival_times, load_scenario, scenario_from_dict
+from gt_serve.tools.sim.__main__ import main
+from gt_serve.tools.sim.engine import FleetSim, run_scenario
+from gt_serve.tools.sim.scenarios import BUNDLED, Fault, TraceSpec, arrival_times, load_scenario, scenario_from_dict
 
 KEYS = {"policy", "inferences", "joules_per_inference", "dynamic_joules_per_inference", "p50_ms", "p99_ms",
         "slo_attainment"}

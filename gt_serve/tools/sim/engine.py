@@ -2,7 +2,7 @@
 
 Drives the production pieces: `Router` over a `ResourceTensor`, the `EnergyModel` (row estimates,
 refined online from every completed batch), `form_batch`/`BatchConfig` for batching and
-`EnergyAccounting`. Devices are simulated (gt_serve/sim/devices.py). Every policy sees the same
+`EnergyAccounting`. Devices are simulated (gt_serve/tools/sim/devices.py). Every policy sees the same
 seeded arrival trace, devices and batching.
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ from gt_serve.core.energy_accounting import EnergyAccounting
 from gt_serve.core.resource_tensor import ResourceTensor
 from gt_serve.core.router import RequestDemand, Router
 from gt_serve.errors import Unavailable
-from gt_serve.sim.devices import SimDevice, State
-from gt_serve.sim.scenarios import Scenario, arrival_times
+from gt_serve.tools.sim.devices import SimDevice, State
+from gt_serve.tools.sim.scenarios import Scenario, arrival_times
 
 _DONE, _TIMER, _PARK, _WAKE, _FAULT = range(5)
 

@@ -1,6 +1,6 @@
 """Scenarios for the fleet simulator: devices, a load trace, faults, the SLO and the policies.
 
-A scenario is a YAML file (see gt_serve/sim/scenarios/hetero.yaml) or the same dict::
+A scenario is a YAML file (see gt_serve/tools/sim/scenarios/hetero.yaml) or the same dict::
 
     name: hetero
     model: yolov8m

@@ -1,4 +1,4 @@
-"""python -m gt_serve.sim [--scenario FILE] [--seed N] [--policy P ...]: one JSON line per policy."""
+"""python -m gt_serve.tools.sim [--scenario FILE] [--seed N] [--policy P ...]: one JSON line per policy."""
 from __future__ import annotations
 
 import argparse
@@ -7,12 +7,12 @@ import json
 import sys
 import time
 
-from gt_serve.sim.engine import run_scenario
-from gt_serve.sim.scenarios import load_scenario
+from gt_serve.tools.sim.engine import run_scenario
+from gt_serve.tools.sim.scenarios import load_scenario
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gt_serve.sim", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m gt_serve.tools.sim", description=__doc__)
     parser.add_argument("--scenario", help="scenario YAML (default: the bundled heterogeneous fleet)")
     parser.add_argument("--seed", type=int, help="override the scenario's seed")
     parser.add_argument("--policy", action="append", help="run only these policies (repeatable)")

@@ -1,7 +1,7 @@
 """Split an ONNX model into pipeline stages at named intermediate tensors.
 
-    python -m gt_serve.shard split MODEL.onnx --at TENSOR[,TENSOR2] --name NAME --out REPO_DIR
-    python -m gt_serve.shard tensors MODEL.onnx        # the tensors a model can be cut at
+    python -m gt_serve.tools.shard split MODEL.onnx --at TENSOR[,TENSOR2] --name NAME --out REPO_DIR
+    python -m gt_serve.tools.shard tensors MODEL.onnx        # the tensors a model can be cut at
 
 `--at a,b` cuts twice (three stages); `--at a+b` is one cut made of two tensors (a graph with a
 branch that crosses the cut). Stage i becomes the repository model NAME_stage{i}: its inputs are
@@ -58,7 +58,8 @@ def plan_stages(model, cuts: Sequence[Sequence[str]], name: str) -> list[StagePl
         for tensor in cut:
             if tensor not in producer:
                 what = "a graph input" if tensor in graph_inputs else "not a tensor any node produces"
-                raise ShardError(f"cannot cut at '{tensor}': it is {what} (see `python -m gt_serve.shard tensors`)")
+                raise ShardError(f"cannot cut at '{tensor}': it is {what} "
+                                 "(see `python -m gt_serve.tools.shard tensors`)")
     boundaries = [tuple(graph_inputs), *(tuple(c) for c in cuts), tuple(graph_outputs)]
     flowing: set[str] = set(graph_inputs)  # tensors the pipeline holds before the stage runs
     earlier: set[int] = set()  # nodes that earlier stages run
@@ -105,7 +106,7 @@ def _reach(graph, producer: dict[str, int], outputs: Sequence[str], stop: set[st
 
 def source_config(model_path: Path):
     """The config.pbtxt of a repository model (MODEL_DIR/VERSION/model.onnx), or None."""
-    from .core.model_config import parse_pbtxt
+    from gt_serve.core.model_config import parse_pbtxt
 
     if not model_path.parent.name.isdigit():
         return None
@@ -150,7 +151,7 @@ def split_model(model_path: Path, cuts: Sequence[Sequence[str]], name: str, out_
     import onnx
     from google.protobuf import text_format
 
-    from .core.model_config import DEFAULT_MAX_BATCH_SIZE
+    from gt_serve.core.model_config import DEFAULT_MAX_BATCH_SIZE
 
     model_path, out_dir = Path(model_path), Path(out_dir)
     model = onnx.load(str(model_path), load_external_data=False)
@@ -191,8 +192,8 @@ def _copy_labels(source_dir: Path, stage_dir: Path, label_filename: str, stage: 
 
 
 def _confined(directory: Path, label_filename: str, model: str) -> Path:
-    from .core.repository_paths import confine
-    from .errors import PathNotAllowed
+    from gt_serve.core.repository_paths import confine
+    from gt_serve.errors import PathNotAllowed
 
     try:
         return confine(directory, label_filename, model=model, what="label_filename")
@@ -212,7 +213,7 @@ def cut_candidates(model) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gt_serve.shard", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gt_serve.tools.shard", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     split = sub.add_parser("split", help="split MODEL into pipeline stages")
     split.add_argument("model", type=Path)
@@ -233,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         plans = split_model(args.model, parse_cuts(args.at), args.name, args.out, args.max_batch_size)
     except (ShardError, OSError, onnx.checker.ValidationError) as exc:
-        print(f"gt_serve.shard: {exc}", file=sys.stderr)
+        print(f"gt_serve.tools.shard: {exc}", file=sys.stderr)
         return 2
     for plan in plans:
         print(f"# {plan.name}: {', '.join(plan.inputs)} -> {', '.join(plan.outputs)}", file=sys.stderr)
