@@ -9,8 +9,11 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from ..errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -53,39 +56,30 @@ class OnnxRunner:
 
     def __init__(self, model_path: str, *, device: str = "cpu", device_id: int = 0,
                  intra_op_threads: int = 1, inter_op_threads: int = 1, cuda_stream_ptr: int | None = None,
-                 spin_us: int = 0) -> None:
+                 spin_us: int = 0, settings: Any = None) -> None:
+        """`settings`: a model's session settings (core/session_settings.SessionSettings) or None."""
         import onnxruntime as ort
 
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = max(0, intra_op_threads)
-        opts.inter_op_num_threads = max(1, inter_op_threads)
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # long-spinning worker threads burn the cores that the other lanes and the event loop need;
-        # a short spin keeps them awake between the parallel sections of one run (measured: MLP
-        # one-client p50 0.59 -> 0.49 ms with 50 us on 2 cores; 200 us cost throughput)
-        if spin_us > 0:
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
-            opts.add_session_config_entry("session.intra_op.spin_duration_us", str(int(spin_us)))
-        else:
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        opts.log_severity_level = 3
-        providers: list = ["CPUExecutionProvider"]
-        if device == "gpu":
-            cuda_opts = {"device_id": str(device_id)}
-            if cuda_stream_ptr:
-                cuda_opts["user_compute_stream"] = str(cuda_stream_ptr)
-                cuda_opts["has_user_compute_stream"] = "1"
-            providers = [("CUDAExecutionProvider", cuda_opts), "CPUExecutionProvider"]
+        opts = _session_options(ort, settings, intra_op_threads, inter_op_threads, spin_us)
+        providers, wanted = _providers(ort, settings, device, device_id, cuda_stream_ptr)
         self.model_path = model_path
         self.requested_device = device
         self.session = ort.InferenceSession(model_path, sess_options=opts, providers=providers)
         got = self.session.get_providers()
         self.provider = got[0] if got else "CPUExecutionProvider"
-        if device == "gpu" and self.provider != "CUDAExecutionProvider":
+        missing = [w for w in wanted if w not in got]
+        if missing:  # onnxruntime falls back to the next provider without an error: that is ours to raise
+            self.session = None
+            raise InvalidArgument(f"execution accelerator {missing[0]} was requested but the session did not get "
+                                  f"it (it got {', '.join(got)}); see the server log for onnxruntime's reason")
+        if device == "gpu" and self.provider != "CUDAExecutionProvider" and not wanted:
             log.warning("model %s: asked for CUDA on GPU %d but onnxruntime gave %s (running on the CPU)",
                         os.path.basename(os.path.dirname(os.path.dirname(model_path))), device_id, self.provider)
+        self.effective = _effective(self.session.get_session_options(), got)
+        self._in_reshape = dict(getattr(settings, "input_reshape", ()) or ())
+        self._out_reshape = dict(getattr(settings, "output_reshape", ()) or ())
+        self._batched = bool(getattr(settings, "batched", False))
+        self._run_options = _run_options(ort, settings)
         self.inputs = [GraphTensor(i.name, ORT_TO_V2.get(i.type, i.type), _dims(i.shape)) for i in self.session.get_inputs()]
         self.outputs = [GraphTensor(o.name, ORT_TO_V2.get(o.type, o.type), _dims(o.shape)) for o in self.session.get_outputs()]
         self.output_names = [o.name for o in self.outputs]
@@ -94,7 +88,8 @@ class OnnxRunner:
         self.device_id = device_id
         self._binding = threading.local()
         ins, outs = self.session.get_inputs(), self.session.get_outputs()
-        self.bindable = all(t.type in ORT_TO_NUMPY for t in (*ins, *outs))
+        # reshaped tensors take the plain path (run() reshapes them)
+        self.bindable = all(t.type in ORT_TO_NUMPY for t in (*ins, *outs)) and not (self._in_reshape or self._out_reshape)
         # dim 0 that is symbolic in every input is the batch; an output whose dim 0 carries the same
         # symbol (or is unnamed where the inputs' are) is sized from the batch before the run
         batch_symbols = {i.shape[0] for i in ins if i.shape and not isinstance(i.shape[0], int)}
@@ -116,7 +111,19 @@ class OnnxRunner:
             for name in self._string_inputs:
                 if name in feeds:
                     feeds[name] = _as_str_array(feeds[name])
-        return self._run(output_names or self.output_names, feeds)
+        names = output_names or self.output_names
+        if self._in_reshape:
+            feeds = {n: self._reshaped(a, self._in_reshape[n]) if n in self._in_reshape else a for n, a in feeds.items()}
+        outputs = self._run(names, feeds, self._run_options)
+        if self._out_reshape:
+            outputs = [self._reshaped(o, self._out_reshape[n]) if n in self._out_reshape else o
+                       for n, o in zip(names, outputs)]
+        return outputs
+
+    def _reshaped(self, array: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:
+        """Triton's reshape: keep the batch dim (batching models), reshape the rest to `dims`."""
+        lead = array.shape[:1] if self._batched else ()
+        return array.reshape(lead + tuple(dims))
 
     def run_bound(self, inputs: dict, output_names: list[str] | None, empty) -> list:
         """Run with onnxruntime IO binding: inputs are arrays already where the session computes
@@ -175,6 +182,90 @@ class OnnxRunner:
         self.session = None
         self._run = None
         self._binding = threading.local()
+
+
+_GRAPH_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "disabled": "ORT_DISABLE_ALL",
+                 "all": "ORT_ENABLE_ALL"}
+
+
+def _session_options(ort, settings: Any, intra_op_threads: int, inter_op_threads: int, spin_us: int):
+    """The lane plan's defaults, then what the model's config asks for (Triton's onnxruntime backend keys)."""
+    opts = ort.SessionOptions()
+    intra = getattr(settings, "intra_op_threads", None)
+    inter = getattr(settings, "inter_op_threads", None)
+    opts.intra_op_num_threads = max(0, intra_op_threads) if intra is None else intra
+    opts.inter_op_num_threads = max(1, inter_op_threads) if inter is None else inter
+    parallel = getattr(settings, "parallel_execution", None)
+    opts.execution_mode = ort.ExecutionMode.ORT_PARALLEL if parallel else ort.ExecutionMode.ORT_SEQUENTIAL
+    level = getattr(settings, "graph_level", "all")
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _GRAPH_LEVELS[level])
+    if getattr(settings, "enable_mem_arena", None) is not None:
+        opts.enable_cpu_mem_arena = settings.enable_mem_arena
+    if getattr(settings, "enable_mem_pattern", None) is not None:
+        opts.enable_mem_pattern = settings.enable_mem_pattern
+    # long-spinning worker threads burn the cores that the other lanes and the event loop need;
+    # a short spin keeps them awake between the parallel sections of one run (measured: MLP
+    # one-client p50 0.59 -> 0.49 ms with 50 us on 2 cores; 200 us cost throughput)
+    entries = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
+    if spin_us > 0 and (intra is None or intra > 1):
+        entries.update({"session.intra_op.allow_spinning": "1", "session.intra_op.spin_duration_us": str(int(spin_us)),
+                        # spin between the parallel sections of a run, never after it: at light load the
+                        # next request is far off and that spin is CPU for nothing (issue #17)
+                        "session.force_spinning_stop": "1"})
+    entries.update(dict(getattr(settings, "session_entries", ())))  # the config's own entries win
+    for key, value in entries.items():
+        opts.add_session_config_entry(key, value)
+    opts.log_severity_level = 3
+    return opts
+
+
+def _providers(ort, settings: Any, device: str, device_id: int, cuda_stream_ptr: int | None):
+    """(providers for the session, accelerator providers it must get). An accelerator this onnxruntime
+    build does not have is refused before the session is built."""
+    available = set(ort.get_available_providers())
+    accelerators = getattr(settings, "gpu_accelerators" if device == "gpu" else "cpu_accelerators", ())
+    for a in accelerators:
+        if a.provider not in available:
+            raise InvalidArgument(f"execution accelerator '{a.name}' ({a.provider}) is not available in this "
+                                  f"onnxruntime build (available: {', '.join(sorted(available))})")
+    providers: list = []
+    wanted = [a.provider for a in accelerators]
+    for a in accelerators:
+        if a.provider == "CUDAExecutionProvider":
+            continue  # folded into the CUDA provider's options below
+        options = dict(a.options)
+        if device == "gpu":
+            options.setdefault("device_id", str(device_id))
+        providers.append((a.provider, options))
+    if device == "gpu":
+        cuda_opts = {"device_id": str(device_id), **dict(getattr(settings, "cuda_options", ()))}
+        for a in accelerators:
+            if a.provider == "CUDAExecutionProvider":
+                cuda_opts.update(dict(a.options))
+        if cuda_stream_ptr:
+            cuda_opts["user_compute_stream"] = str(cuda_stream_ptr)
+            cuda_opts["has_user_compute_stream"] = "1"
+        providers.append(("CUDAExecutionProvider", cuda_opts))
+    providers.append("CPUExecutionProvider")
+    return providers, wanted
+
+
+def _run_options(ort, settings: Any):
+    entries = getattr(settings, "run_entries", ())
+    if not entries:
+        return None
+    options = ort.RunOptions()
+    for key, value in entries:
+        options.add_run_config_entry(key, value)
+    return options
+
+
+def _effective(opts, providers: list[str]) -> dict:
+    """What the session really runs with, for the load log line and the status page."""
+    return {"providers": list(providers), "intra_op_threads": opts.intra_op_num_threads,
+            "inter_op_threads": opts.inter_op_num_threads, "execution_mode": str(opts.execution_mode).split(".")[-1],
+            "graph_optimization_level": str(opts.graph_optimization_level).split(".")[-1],
+            "enable_cpu_mem_arena": opts.enable_cpu_mem_arena, "enable_mem_pattern": opts.enable_mem_pattern}
 
 
 def buffer_pointer(array) -> int:

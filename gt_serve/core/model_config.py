@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import ConfigError, InvalidArgument
 from ..types import TensorSpec
+from .model_config_fields import check_fields
 from .repository_paths import confine, shown
+from .session_settings import SessionSettings, session_settings
+from .warmup import WarmupSample, warmup_samples
 
 DEFAULT_MAX_BATCH_SIZE = 4  # Triton's default when auto-completing a batching model
 MAX_LABEL_FILE_BYTES = 16 * 1024 * 1024
@@ -54,7 +57,9 @@ def parse_json_override(text: str, name: str) -> mc.ModelConfig:
 
 def complete_config(cfg: mc.ModelConfig, name: str, graph_inputs: list, graph_outputs: list,
                     batching_explicit: bool) -> mc.ModelConfig:
-    """Fill what the config leaves out from the ONNX graph; check what it states against the graph."""
+    """Fill what the config leaves out from the ONNX graph; check what it states against the graph.
+    A field gt_serve does not implement is refused here, naming it (model_config_fields)."""
+    check_fields(cfg, name)
     cfg.name = cfg.name or name
     if cfg.name != name:
         raise ConfigError(f"model '{name}': config name '{cfg.name}' does not match the directory name")
@@ -62,8 +67,6 @@ def complete_config(cfg: mc.ModelConfig, name: str, graph_inputs: list, graph_ou
         cfg.platform = "onnxruntime_onnx"
     if not cfg.backend:
         cfg.backend = "onnxruntime"
-    if cfg.platform and cfg.platform not in ("onnxruntime_onnx",):
-        raise ConfigError(f"model '{name}': platform '{cfg.platform}' is not supported (only onnxruntime_onnx)")
     if not cfg.default_model_filename:
         cfg.default_model_filename = "model.onnx"
     all_graph = list(graph_inputs) + list(graph_outputs)
@@ -98,8 +101,9 @@ def _merge_tensors(cfg, tensors, graph: list, what: str, name: str) -> None:
         elif _TYPE_TO_V2.get(t.data_type) != g.datatype:
             raise ConfigError(f"model '{name}': {what} '{t.name}' has data_type "
                               f"{mc.DataType.Name(t.data_type)} in the config but {g.datatype} in the ONNX graph")
-        if not t.dims and not (t.HasField("reshape") if hasattr(t, "reshape") else False):
+        if not t.dims and not t.HasField("reshape"):
             t.dims.extend(g.dims[skip:])
+        _check_reshape(t, g.dims[skip:], what, name)
     for g in graph:
         if g.name not in existing:
             t = tensors.add()
@@ -119,6 +123,36 @@ class ModelSpec:
     input_order: tuple[str, ...]
     output_order: tuple[str, ...]
     labels: dict[str, list[str]]
+    # onnxruntime session settings (threads, graph level, arena, accelerators, reshapes); None = defaults
+    session: SessionSettings | None = None
+    warmup: tuple[WarmupSample, ...] = ()
+
+
+def _check_reshape(t, graph_dims, what: str, name: str) -> None:
+    """Triton's reshape: `dims` is what clients send/receive, `reshape.shape` what the graph takes/gives
+    (both without the batch dim); the graph must accept reshape.shape and both must hold as many elements."""
+    if not t.HasField("reshape"):
+        return
+    model_dims = [int(d) for d in t.reshape.shape]
+    graph_dims = [int(d) for d in graph_dims]
+    fits = len(model_dims) == len(graph_dims) and all(g in (-1, m) or m == -1 for m, g in zip(model_dims, graph_dims))
+    if not fits:
+        raise ConfigError(f"model '{name}': {what} '{t.name}' reshape {model_dims} does not match the ONNX graph's "
+                          f"shape {graph_dims} (without the batch dimension)")
+    client = [int(d) for d in t.dims]
+    if client.count(-1) > 1 or model_dims.count(-1) > 1:
+        raise ConfigError(f"model '{name}': {what} '{t.name}': reshape supports at most one variable dimension "
+                          f"(dims {client}, reshape {model_dims})")
+    if -1 not in client and -1 not in model_dims and _product(client) != _product(model_dims):
+        raise ConfigError(f"model '{name}': {what} '{t.name}' dims {client} and reshape {model_dims} hold different "
+                          "numbers of elements")
+
+
+def _product(dims) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out
 
 
 def spec_from_config(cfg: mc.ModelConfig, model_dir: Path) -> ModelSpec:
@@ -128,7 +162,8 @@ def spec_from_config(cfg: mc.ModelConfig, model_dir: Path) -> ModelSpec:
 
     labels = {out.name: read_labels(model_dir, out.label_filename, cfg.name) for out in cfg.output if out.label_filename}
     return ModelSpec(cfg.name, int(cfg.max_batch_size), specs(cfg.input), specs(cfg.output),
-                     tuple(t.name for t in cfg.input), tuple(t.name for t in cfg.output), labels)
+                     tuple(t.name for t in cfg.input), tuple(t.name for t in cfg.output), labels,
+                     session_settings(cfg), warmup_samples(cfg, model_dir))
 
 
 def read_labels(model_dir: Path, label_filename: str, model: str) -> list[str]:

@@ -7,20 +7,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..errors import ConfigError
 from .batch_completion import BatchCompletion, EnergyObserver
 from .batch_policy import BatchConfig
 from .batcher import Batcher, QueuePolicy
 from .model_executor import JobFactory, ModelExecutor
 from .registry import LoadedModel
 from .stream_scheduler import StreamScheduler
+from .warmup import run_warmup
 
 log = logging.getLogger(__name__)
 
-# runner_factory(model_path, device, lane) -> runner with .run(feeds, output_names) and .close()
+# runner_factory(model_path, device, lane[, settings]) -> runner with .run(feeds, output_names) and .close();
+# `settings` (core/session_settings.SessionSettings) is passed only for a model whose config asks for any
 RunnerFactory = Callable[[str, str, Any], Any]
 
 
@@ -49,7 +53,7 @@ class LocalModelHost:
     def __init__(self, loop: asyncio.AbstractEventLoop, scheduler: StreamScheduler, lanes: list,
                  runner_factory: RunnerFactory, job_factory: JobFactory,
                  model_knobs: Mapping[str, Mapping[str, Any]] | None = None, *,
-                 energy_observer: EnergyObserver | None = None) -> None:
+                 energy_observer: EnergyObserver | None = None, response_cache: bool = False) -> None:
         self.loop = loop
         self.scheduler = scheduler
         self.lanes = lanes
@@ -57,6 +61,7 @@ class LocalModelHost:
         self._job_factory = job_factory
         self._knobs = model_knobs or {}
         self._energy_observer = energy_observer  # e.g. NodeEnergy.on_batch
+        self._response_cache = response_cache  # the server has a response cache (server.response_cache_bytes > 0)
 
     def _lanes_for(self, cfg: mc.ModelConfig) -> list:
         """instance_group -> the shared lanes this model may use: per group, `count` lanes of its kind
@@ -69,7 +74,10 @@ class LocalModelHost:
                          if lane.on_gpu and (not gpus or int(lane.device.split(":")[1]) in gpus)]
             if group.kind == mc.ModelInstanceGroup.KIND_CPU:
                 pool = cpu_lanes
-            else:  # KIND_GPU or KIND_AUTO (a GPU group on a machine without one runs on the CPU)
+            elif group.kind == mc.ModelInstanceGroup.KIND_GPU and not gpu_lanes:
+                raise ConfigError(f"model '{cfg.name}': instance_group kind KIND_GPU{' gpus ' + str(sorted(gpus)) if gpus else ''}"
+                                  " but this server has no such GPU lane (use KIND_AUTO or KIND_CPU)")
+            else:  # KIND_GPU, or KIND_AUTO: the GPU when there is one, else the CPU
                 pool = gpu_lanes or cpu_lanes
             if group.count <= 0:  # unspecified: every lane of that kind (shown in /config as the count)
                 group.count = len(pool)
@@ -82,11 +90,13 @@ class LocalModelHost:
         """lane -> runner: one session per GPU lane (bound to its stream), one per device for CPU lanes."""
         runners: dict[str, Any] = {}
         per_lane: dict = {}
+        settings = model.spec.session
+        extra = (settings,) if settings is not None else ()
         try:
             for lane in lanes:
                 key = lane.lane_id if lane.on_gpu else lane.device
                 if key not in runners:
-                    runners[key] = self._runner_factory(str(model.path), lane.device, lane)
+                    runners[key] = self._runner_factory(str(model.path), lane.device, lane, *extra)
                 per_lane[lane] = runners[key]
         except Exception:
             for r in runners.values():
@@ -98,7 +108,17 @@ class LocalModelHost:
         """Runs in a worker thread: builds the runners and the model's executor, and registers it."""
         knobs = dict(self._knobs.get(model.name, {}))
         lanes = self._lanes_for(model.config)
+        self._check_features(model, lanes)
         runners = self._open_runners(model, lanes)
+        if model.spec.warmup:  # before the executor exists: nothing can reach the model yet
+            try:
+                runs, warmup_ns = run_warmup(model.name, model.version, model.spec.warmup, runners,
+                                             list(model.spec.output_order))
+            except Exception:
+                for runner in dict.fromkeys(runners.values()):
+                    runner.close()
+                raise
+            model.stats.record_warmup(runs, warmup_ns)
         batch_cfg, policy, levels, default_level = batching_from_config(model.config, knobs)
         batcher = Batcher(model.name, batch_cfg, policy, wake=self.scheduler.notify, priority_levels=levels,
                           default_priority=default_level, loop=self.loop)
@@ -111,6 +131,20 @@ class LocalModelHost:
         self.loop.call_soon_threadsafe(self.scheduler.register, executor)
         log.info("model %s v%s on lanes %s (%s), batching %s", model.name, model.version,
                  ",".join(l.lane_id for l in lanes), ",".join(model.providers), batch_cfg)
+        for runner in executor.runners:
+            if getattr(runner, "effective", None):
+                log.info("model %s v%s session: %s", model.name, model.version,
+                         ", ".join(f"{k}={v}" for k, v in runner.effective.items()))
+
+    def _check_features(self, model: LoadedModel, lanes: list) -> None:
+        """Config features this server cannot give the model: a load error naming them, not a silent ignore."""
+        settings = model.spec.session
+        if settings is not None and settings.gpu_accelerators and not any(lane.on_gpu for lane in lanes):
+            raise ConfigError(f"model '{model.name}': optimization.execution_accelerators.gpu_execution_accelerator "
+                              f"'{settings.gpu_accelerators[0].name}' needs a GPU lane; the model runs on CPU lanes only")
+        if model.config.response_cache.enable and not self._response_cache:
+            raise ConfigError(f"model '{model.name}': response_cache.enable needs the server's response cache: start "
+                              "gt-serve with --cache-config local,size=BYTES (server.response_cache_bytes)")
 
     def close_now(self, model: LoadedModel) -> None:
         """Release a model opened by a load that failed later (worker thread): sessions now, scheduler after."""

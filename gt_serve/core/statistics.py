@@ -46,6 +46,7 @@ class ModelStats:
         self.durations = {k: Duration() for k in _INFER_KEYS}
         self.batches: dict[int, BatchStat] = {}
         self.energy_j = 0.0
+        self.warmup = Duration()  # model_warmup runs at load (all lanes), before the model was READY
 
     def record_batch(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int, request_count: int) -> None:
         """One model execution of `batch_size` samples formed from `request_count` requests."""
@@ -70,6 +71,18 @@ class ModelStats:
     def record_failure(self, request_ns: int) -> None:
         self.durations["fail"].add(request_ns)
 
+    def record_cache_hit(self, request_ns: int, lookup_ns: int) -> None:
+        """Answered from the response cache (Triton: a success, no execution; cache_hit = lookup time)."""
+        self.durations["success"].add(request_ns)
+        self.durations["cache_hit"].add(lookup_ns)
+        self.last_inference_ms = int(time.time() * 1000)
+
+    def record_cache_miss(self, lookup_and_insert_ns: int) -> None:
+        self.durations["cache_miss"].add(lookup_and_insert_ns)
+
+    def record_warmup(self, runs: int, ns: int) -> None:
+        self.warmup.add(ns, runs)
+
     def as_dict(self) -> dict:
         return {
             "name": self.name,
@@ -85,6 +98,8 @@ class ModelStats:
                 for size, b in sorted(self.batches.items())
             ],
             "memory_usage": [],
+            # gt_serve extension: model_warmup runs at load and their total time
+            "warmup": self.warmup.as_dict(),
             # gt_serve extension: dynamic energy attributed to this model version (J above idle)
             "energy": {"dynamic_j": round(self.energy_j, 9),
                        "dynamic_j_per_inference": round(self.energy_j / self.inference_count, 9)

@@ -1,0 +1,146 @@
+"""Every config.pbtxt field, classified: honoured, refused (a load error naming it), or ignored because
+it changes nothing a client can observe. docs/MODEL-CONFIG.md is the same table in prose;
+tests/unit/test_model_config_fields.py fails when tritonclient grows a field this table does not classify.
+
+A "partial" message is classified field by field (its sub-fields are in the table); any other class
+covers the field with everything below it.
+"""
+from __future__ import annotations
+
+from google.protobuf.descriptor import FieldDescriptor
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..errors import ConfigError
+
+HONOURED, REFUSED, IGNORED, PARTIAL = "honoured", "refused", "ignored", "partial"
+
+_ENSEMBLE = "ensembles are not supported yet"
+_TRT = "a TensorRT-backend setting; the onnxruntime backend does not read it"
+
+# path -> (class, why); a refused field is refused when set to anything but its default
+FIELDS: dict[str, tuple[str, str]] = {
+    "name": (HONOURED, "must match the model directory"),
+    "platform": (HONOURED, "onnxruntime_onnx only; 'ensemble' and others are refused"),
+    "backend": (HONOURED, "onnxruntime only"),
+    "runtime": (HONOURED, "empty or the onnxruntime backend's library only"),
+    "version_policy": (HONOURED, "latest / all / specific"),
+    "max_batch_size": (HONOURED, ""),
+    "input": (PARTIAL, ""),
+    "input.name": (HONOURED, ""),
+    "input.data_type": (HONOURED, "checked against the ONNX graph"),
+    "input.format": (IGNORED, "informational for clients (Triton does not use it for ONNX models either)"),
+    "input.dims": (HONOURED, "the client-facing shape"),
+    "input.reshape": (HONOURED, "the model's tensor shape; requests are reshaped before the run"),
+    "input.is_shape_tensor": (REFUSED, "shape tensors are a TensorRT feature"),
+    "input.allow_ragged_batch": (REFUSED, "ragged batching is not implemented"),
+    "input.optional": (HONOURED, "the input may be left out of a request"),
+    "input.is_non_linear_format_io": (REFUSED, "non-linear I/O formats are a TensorRT feature"),
+    "output": (PARTIAL, ""),
+    "output.name": (HONOURED, ""),
+    "output.data_type": (HONOURED, "checked against the ONNX graph"),
+    "output.dims": (HONOURED, "the client-facing shape"),
+    "output.reshape": (HONOURED, "the model's tensor shape; outputs are reshaped to dims"),
+    "output.label_filename": (HONOURED, "classification labels"),
+    "output.is_shape_tensor": (REFUSED, "shape tensors are a TensorRT feature"),
+    "output.is_non_linear_format_io": (REFUSED, "non-linear I/O formats are a TensorRT feature"),
+    "batch_input": (REFUSED, "batch inputs (ragged batching) are not implemented"),
+    "batch_output": (REFUSED, "batch outputs (ragged batching) are not implemented"),
+    "optimization": (PARTIAL, ""),
+    "optimization.graph": (HONOURED, "level -1 basic, 1 extended, 2 disabled, 0 all (Triton's mapping)"),
+    "optimization.priority": (REFUSED, "model priorities are not implemented"),
+    "optimization.cuda": (REFUSED, _TRT),
+    "optimization.execution_accelerators": (HONOURED, "cpu: openvino; gpu: tensorrt, cuda"),
+    "optimization.input_pinned_memory": (IGNORED, "host buffers come from the lanes' pools"),
+    "optimization.output_pinned_memory": (IGNORED, "host buffers come from the lanes' pools"),
+    "optimization.gather_kernel_buffer_threshold": (IGNORED, "a copy-kernel tuning hint"),
+    "optimization.eager_batching": (IGNORED, "the batcher already forms a batch as soon as a lane is idle"),
+    "dynamic_batching": (PARTIAL, ""),
+    "dynamic_batching.preferred_batch_size": (HONOURED, ""),
+    "dynamic_batching.max_queue_delay_microseconds": (HONOURED, ""),
+    "dynamic_batching.preserve_ordering": (REFUSED, "batches on several lanes may finish out of order"),
+    "dynamic_batching.priority_levels": (HONOURED, ""),
+    "dynamic_batching.default_priority_level": (HONOURED, ""),
+    "dynamic_batching.default_queue_policy": (HONOURED, "timeout, timeout action, override, queue size"),
+    "dynamic_batching.priority_queue_policy": (REFUSED, "one queue policy per model; no per-level policies"),
+    "sequence_batching": (REFUSED, "sequence batching (stateful models) is not implemented"),
+    "ensemble_scheduling": (REFUSED, _ENSEMBLE),
+    "instance_group": (PARTIAL, ""),
+    "instance_group.name": (IGNORED, "a label"),
+    "instance_group.kind": (HONOURED, "KIND_CPU, KIND_GPU (needs GPU lanes), KIND_AUTO; KIND_MODEL refused"),
+    "instance_group.count": (HONOURED, "lanes of that kind the model runs on"),
+    "instance_group.rate_limiter": (REFUSED, "the rate limiter is not implemented"),
+    "instance_group.gpus": (HONOURED, ""),
+    "instance_group.secondary_devices": (REFUSED, "secondary devices are not implemented"),
+    "instance_group.profile": (REFUSED, _TRT),
+    "instance_group.passive": (REFUSED, "passive instances are not implemented"),
+    "instance_group.host_policy": (REFUSED, "host policies are not implemented"),
+    "default_model_filename": (HONOURED, ""),
+    "cc_model_filenames": (REFUSED, _TRT),
+    "metric_tags": (REFUSED, "custom metric labels are not implemented"),
+    "parameters": (HONOURED, "the onnxruntime backend's keys; unknown keys are refused"),
+    "model_warmup": (HONOURED, "zero_data, random_data, input_data_file; on every lane before READY"),
+    "model_operations": (REFUSED, "custom operator libraries are not loaded"),
+    "model_transaction_policy": (HONOURED, "decoupled: false only"),
+    "model_repository_agents": (REFUSED, "repository agents are not implemented"),
+    "response_cache": (HONOURED, "needs the server-wide cache (server.response_cache_bytes)"),
+    "model_metrics": (REFUSED, "per-model metric settings are not implemented"),
+}
+
+
+def _repeated(field: FieldDescriptor) -> bool:
+    is_repeated = getattr(field, "is_repeated", None)  # protobuf >= 5.28; `label` is deprecated there
+    return bool(is_repeated) if isinstance(is_repeated, bool) else field.label == FieldDescriptor.LABEL_REPEATED
+
+
+def is_set(message, field: FieldDescriptor) -> bool:
+    """Whether `field` of `message` holds anything but its default."""
+    if _repeated(field):
+        return len(getattr(message, field.name)) > 0
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return message.HasField(field.name)
+    return getattr(message, field.name) != field.default_value
+
+
+def set_fields(message, prefix: str = ""):
+    """(path, sub-message or None) for each field set in `message`, partial messages walked into."""
+    for field in message.DESCRIPTOR.fields:
+        if not is_set(message, field):
+            continue
+        path = prefix + field.name
+        cls = FIELDS.get(path, (REFUSED, "not known to gt_serve"))[0]
+        if cls == PARTIAL:
+            values = getattr(message, field.name)
+            for value in (values if _repeated(field) else [values]):
+                yield from set_fields(value, path + ".")
+        else:
+            yield path, cls
+
+
+def check_fields(cfg: mc.ModelConfig, name: str) -> None:
+    """Refuse a config that sets a field gt_serve does not implement, naming the field."""
+    for path, cls in set_fields(cfg):
+        if cls == REFUSED:
+            why = FIELDS.get(path, (REFUSED, "not known to gt_serve"))[1]
+            raise ConfigError(f"model '{name}': config field '{path}' is not supported ({why})")
+    _check_values(cfg, name)
+
+
+def _check_values(cfg: mc.ModelConfig, name: str) -> None:
+    """Honoured fields whose values gt_serve only partly implements."""
+    if cfg.platform == "ensemble" or cfg.backend == "ensemble":
+        raise ConfigError(f"model '{name}': platform 'ensemble' is not supported yet ({_ENSEMBLE})")
+    if cfg.platform and cfg.platform != "onnxruntime_onnx":
+        raise ConfigError(f"model '{name}': config field 'platform' is '{cfg.platform}': only onnxruntime_onnx "
+                          "is supported")
+    if cfg.backend and cfg.backend != "onnxruntime":
+        raise ConfigError(f"model '{name}': config field 'backend' is '{cfg.backend}': only onnxruntime is supported")
+    if cfg.runtime and "onnxruntime" not in cfg.runtime:
+        raise ConfigError(f"model '{name}': config field 'runtime' is '{cfg.runtime}': only the onnxruntime "
+                          "backend is supported")
+    if cfg.model_transaction_policy.decoupled:
+        raise ConfigError(f"model '{name}': config field 'model_transaction_policy.decoupled' is true: decoupled "
+                          "models are not supported")
+    for group in cfg.instance_group:
+        if group.kind == mc.ModelInstanceGroup.KIND_MODEL:
+            raise ConfigError(f"model '{name}': config field 'instance_group.kind' KIND_MODEL is not supported "
+                              "(KIND_CPU, KIND_GPU or KIND_AUTO)")

@@ -1,0 +1,178 @@
+"""config.pbtxt fields from Triton repositories, against a real gt-serve process and tritonclient:
+model_warmup runs before READY, reshape is served with the client's shapes, onnxruntime parameters
+reach the session (log), the response cache answers repeats (stats and /metrics), and the fields
+gt_serve does not implement fail the load with an error naming them.
+"""
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from gt_serve import model_builders as mb
+from tests.conftest import start_server
+
+CACHE_BYTES = 1 << 20
+SIMPLE_IO = ('input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }, '
+             '{ name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]\n')
+
+WARM = SIMPLE_IO + '''max_batch_size: 8
+dynamic_batching { }
+model_warmup [
+  { name: "zeros" batch_size: 2 count: 3
+    inputs { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [ 16 ] zero_data: true } }
+    inputs { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [ 16 ] random_data: true } } },
+  { name: "from_file" batch_size: 1
+    inputs { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [ 16 ] input_data_file: "ones.bin" } }
+    inputs { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [ 16 ] input_data_file: "ones.bin" } } }
+]
+'''
+RESHAPED = '''max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 2, 2 ] reshape: { shape: [ 4 ] } } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 2, 2 ] reshape: { shape: [ 4 ] } } ]
+'''
+TUNED = '''max_batch_size: 8
+optimization { graph: { level: 1 } }
+parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
+parameters { key: "inter_op_thread_count" value: { string_value: "1" } }
+parameters { key: "enable_mem_pattern" value: { string_value: "0" } }
+'''
+CACHED = 'max_batch_size: 8\nresponse_cache { enable: true }\n'
+REFUSED = {
+    "seq": ("max_batch_size: 8\nsequence_batching { }\n", "sequence_batching"),
+    "ens": ('platform: "ensemble"\n', "ensemble"),
+    "decoupled": ("model_transaction_policy { decoupled: true }\n", "model_transaction_policy.decoupled"),
+    "openvino": ('optimization { execution_accelerators { cpu_execution_accelerator: [ { name: "openvino" } ] } }\n',
+                 "openvino"),
+    "badparam": ('parameters { key: "no_such_knob" value: { string_value: "1" } }\n', "no_such_knob"),
+    "ordering": ("max_batch_size: 8\ndynamic_batching { preserve_ordering: true }\n",
+                 "dynamic_batching.preserve_ordering"),
+    "pytorch": ('backend: "pytorch"\n', "backend"),
+}
+
+
+def _repo(root: Path) -> Path:
+    mb.simple_add_sub(root / "warm" / "1" / "model.onnx")
+    (root / "warm" / "config.pbtxt").write_text('name: "warm"\n' + WARM)
+    (root / "warm" / "warmup").mkdir()
+    (root / "warm" / "warmup" / "ones.bin").write_bytes(np.ones(16, dtype=np.int32).tobytes())
+    for name, text in (("reshaped", RESHAPED), ("tuned", TUNED), ("cached", CACHED)):
+        mb.scale(root / name / "1" / "model.onnx", factor=2.0, width=4)
+        (root / name / "config.pbtxt").write_text(f'name: "{name}"\n' + text)
+    for name, (text, _) in REFUSED.items():
+        mb.scale(root / name / "1" / "model.onnx", factor=2.0, width=4)
+        (root / name / "config.pbtxt").write_text(text)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = _repo(tmp_path_factory.mktemp("repo_features"))
+    srv = start_server(repo, tmp_path_factory.mktemp("srv_features"), "--model-control-mode", "explicit",
+                       "--load-model", "warm", "--load-model", "reshaped", "--load-model", "tuned",
+                       "--load-model", "cached", "--cache-config", f"local,size={CACHE_BYTES}")
+    yield srv
+    srv.stop()
+
+
+def _stats(client, name: str) -> dict:
+    return client.get_inference_statistics(name)["model_stats"][0]
+
+
+def test_warmup_ran_on_every_lane_before_ready(server):
+    client = httpclient.InferenceServerClient(server.http_url)
+    warmup = _stats(client, "warm")["warmup"]
+    runs_per_lane = 3 + 1  # "zeros" 3 times, "from_file" once
+    assert warmup["count"] >= runs_per_lane and warmup["count"] % runs_per_lane == 0
+    assert warmup["ns"] > 0
+    log = server.log()
+    assert "warmup 'zeros'" in log and "warmup 'from_file'" in log
+    # the warmup lines come before the model's READY log line: runs happened during the load
+    assert log.index("warmup 'from_file'") < log.index("loaded model warm")
+    assert _stats(client, "warm")["inference_stats"]["success"]["count"] == 0  # warmups are not requests
+
+
+def test_reshape_is_served_with_the_client_shapes(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    meta = client.get_model_metadata("reshaped", as_json=True)
+    assert [int(d) for d in meta["inputs"][0]["shape"]] == [-1, 2, 2]
+    data = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
+    inp = grpcclient.InferInput("INPUT", [3, 2, 2], "FP32")
+    inp.set_data_from_numpy(data)
+    result = client.infer("reshaped", [inp])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT"), data * 2)
+    bad = grpcclient.InferInput("INPUT", [3, 4], "FP32")  # the model's shape is not the client's
+    bad.set_data_from_numpy(data.reshape(3, 4))
+    with pytest.raises(InferenceServerException, match="unexpected shape"):
+        client.infer("reshaped", [bad])
+
+
+def test_onnxruntime_parameters_reach_the_session(server):
+    client = httpclient.InferenceServerClient(server.http_url)
+    config = client.get_model_config("tuned")
+    assert config["parameters"]["intra_op_thread_count"]["string_value"] == "1"
+    assert config["optimization"]["graph"]["level"] == 1
+    # the session's own options, read back from onnxruntime, in the load log
+    lines = [line for line in server.log().splitlines() if "model tuned v1 session:" in line]
+    assert lines, server.log()[-2000:]
+    assert all("intra_op_threads=1" in line and "inter_op_threads=1" in line for line in lines)
+    assert all("ORT_ENABLE_EXTENDED" in line and "enable_mem_pattern=False" in line for line in lines)
+
+
+def test_response_cache_hits_and_misses(server):
+    client = httpclient.InferenceServerClient(server.http_url)
+    before = _stats(client, "cached")
+    data = np.array([[1, 2, 3, 4]], dtype=np.float32)
+
+    def infer(array):
+        inp = httpclient.InferInput("INPUT", list(array.shape), "FP32")
+        inp.set_data_from_numpy(array)
+        return client.infer("cached", [inp]).as_numpy("OUTPUT")
+
+    first, second = infer(data), infer(data)
+    third = infer(data + 1)
+    np.testing.assert_array_equal(first, data * 2)
+    np.testing.assert_array_equal(second, first)
+    np.testing.assert_array_equal(third, (data + 1) * 2)
+    after = _stats(client, "cached")
+
+    def delta(key):
+        return after["inference_stats"][key]["count"] - before["inference_stats"][key]["count"]
+
+    assert (delta("cache_hit"), delta("cache_miss"), delta("success")) == (1, 2, 3)
+    assert after["execution_count"] - before["execution_count"] == 2  # the hit ran nothing
+    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    hits = [line for line in text.splitlines() if line.startswith('nv_cache_num_hits_per_model{model="cached"')]
+    assert hits and float(hits[0].split()[-1]) >= 1
+    assert "nv_cache_num_misses_per_model" in text and "gt_response_cache_bytes" in text
+    # no cache for models without response_cache: the same request twice counts no hit
+    stats = _stats(client, "tuned")["inference_stats"]
+    assert stats["cache_hit"]["count"] == 0 and stats["cache_miss"]["count"] == 0
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_unimplemented_fields_fail_the_load_naming_them(server, name):
+    client = httpclient.InferenceServerClient(server.http_url)
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model(name)
+    message = str(info.value)
+    assert REFUSED[name][1] in message, message
+    assert not client.is_model_ready(name)
+    assert client.is_server_live() and client.is_model_ready("warm")
+
+
+def test_response_cache_without_a_server_cache_fails_the_load(tmp_path):
+    repo = tmp_path / "repo"
+    mb.scale(repo / "cached" / "1" / "model.onnx", factor=2.0, width=4)
+    (repo / "cached" / "config.pbtxt").write_text(CACHED)
+    (tmp_path / "srv").mkdir()
+    with start_server(repo, tmp_path / "srv", "--model-control-mode", "explicit") as srv:
+        client = httpclient.InferenceServerClient(srv.http_url)
+        with pytest.raises(InferenceServerException, match="response_cache.enable needs"):
+            client.load_model("cached")
