@@ -9,7 +9,7 @@ import struct
 
 import numpy as np
 
-from .errors import InvalidArgument
+from .errors import InvalidArgument, InvalidInput
 
 _DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
@@ -65,11 +65,11 @@ def element_count(shape: tuple[int, ...] | list[int]) -> int:
 def check_shape(name: str, shape) -> tuple[int, ...]:
     """Validate a request shape: a list of non-negative ints."""
     if not isinstance(shape, (list, tuple)):
-        raise InvalidArgument(f"input '{name}': shape must be a list of integers")
+        raise InvalidInput(name, "shape must be a list of integers")
     out = []
     for d in shape:
         if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-            raise InvalidArgument(f"input '{name}': invalid shape {list(shape)}")
+            raise InvalidInput(name, f"invalid shape {list(shape)}")
         out.append(d)
     return tuple(out)
 
@@ -95,23 +95,23 @@ def bytes_array_from_raw(name: str, shape: tuple[int, ...], raw) -> np.ndarray:
     mv = memoryview(raw)
     size = len(mv)
     if 4 * count > size:
-        raise InvalidArgument(f"input '{name}': {size} bytes of BYTES data cannot hold the {count} elements "
+        raise InvalidInput(name, f"{size} bytes of BYTES data cannot hold the {count} elements "
                               f"of shape {list(shape)} (4 bytes of length prefix each)")
     out = np.empty(count, dtype=object)
     offset = 0
     unpack = _U32.unpack_from
     for i in range(count):
         if offset + 4 > size:
-            raise InvalidArgument(f"input '{name}': expected {count} BYTES elements for shape {list(shape)}, got {i}")
+            raise InvalidInput(name, f"expected {count} BYTES elements for shape {list(shape)}, got {i}")
         (length,) = unpack(mv, offset)
         offset += 4
         end = offset + length
         if end > size:
-            raise InvalidArgument(f"input '{name}': BYTES element of {length} bytes overruns the tensor data")
+            raise InvalidInput(name, f"BYTES element of {length} bytes overruns the tensor data")
         out[i] = bytes(mv[offset:end])
         offset = end
     if offset != size:
-        raise InvalidArgument(f"input '{name}': expected {count} BYTES elements for shape {list(shape)}, "
+        raise InvalidInput(name, f"expected {count} BYTES elements for shape {list(shape)}, "
                               f"got {size - offset} bytes more data after them")
     return out.reshape(shape)
 
@@ -125,8 +125,8 @@ def array_from_raw(name: str, datatype: str, shape: tuple[int, ...], raw) -> np.
     expected = count * dtype.itemsize
     nbytes = len(raw)
     if nbytes != expected:
-        raise InvalidArgument(
-            f"input '{name}': got {nbytes} bytes of data, expected {expected} for shape {list(shape)} and datatype {datatype}"
+        raise InvalidInput(
+            name, f"got {nbytes} bytes of data, expected {expected} for shape {list(shape)} and datatype {datatype}"
         )
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
@@ -150,7 +150,7 @@ def array_from_list(name: str, datatype: str, shape: tuple[int, ...], data) -> n
     if datatype == "BYTES":
         flat = _flatten(data)
         if len(flat) != count:
-            raise InvalidArgument(f"input '{name}': expected {count} elements for shape {list(shape)}, got {len(flat)}")
+            raise InvalidInput(name, f"expected {count} elements for shape {list(shape)}, got {len(flat)}")
         arr = np.empty(count, dtype=object)
         for i, item in enumerate(flat):
             if isinstance(item, str):
@@ -158,7 +158,7 @@ def array_from_list(name: str, datatype: str, shape: tuple[int, ...], data) -> n
             elif isinstance(item, (bytes, bytearray)):
                 arr[i] = bytes(item)
             else:
-                raise InvalidArgument(f"input '{name}': BYTES data must be strings")
+                raise InvalidInput(name, "BYTES data must be strings")
         return arr.reshape(shape)
     dtype = numpy_dtype(datatype)
     try:
@@ -170,21 +170,21 @@ def array_from_list(name: str, datatype: str, shape: tuple[int, ...], data) -> n
         arr = np.asarray(flat)
     if arr.dtype.kind not in "biuf" or arr.size != count:
         if arr.size != count:
-            raise InvalidArgument(
-                f"input '{name}': expected {count} elements for shape {list(shape)}, got {arr.size}"
+            raise InvalidInput(
+                name, f"expected {count} elements for shape {list(shape)}, got {arr.size}"
             )
-        raise InvalidArgument(f"input '{name}': data is not numeric for datatype {datatype}")
+        raise InvalidInput(name, f"data is not numeric for datatype {datatype}")
     if datatype == "BOOL" and arr.dtype.kind != "b":
-        raise InvalidArgument(f"input '{name}': BOOL data must be true/false")
+        raise InvalidInput(name, "BOOL data must be true/false")
     if dtype.kind in "iu" and arr.dtype.kind == "f":
-        raise InvalidArgument(f"input '{name}': got floating-point data for datatype {datatype}")
+        raise InvalidInput(name, f"got floating-point data for datatype {datatype}")
     try:
         with np.errstate(all="raise"):
             out = arr.astype(dtype, casting="unsafe").reshape(shape)
     except (OverflowError, FloatingPointError, ValueError) as exc:
-        raise InvalidArgument(f"input '{name}': data does not fit datatype {datatype}: {exc}") from None
+        raise InvalidInput(name, f"data does not fit datatype {datatype}: {exc}") from None
     if dtype.kind in "iu" and not np.array_equal(out.reshape(-1), arr.reshape(-1)):
-        raise InvalidArgument(f"input '{name}': data out of range for datatype {datatype}")
+        raise InvalidInput(name, f"data out of range for datatype {datatype}")
     return out
 
 

@@ -15,12 +15,16 @@ class Code(enum.Enum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
     CANCELLED = "CANCELLED"
+    # HTTP-only kinds (the gRPC transports never raise them; status.py still maps them for completeness)
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
 
 
 class GtServeError(Exception):
     """An error with a transport-neutral code and a message meant for the client."""
 
     code: Code = Code.INTERNAL
+    kind: str = ""  # a stable name for kinds a caller must tell apart beyond the code (ModelNotFound)
 
     def __init__(self, message: str, code: Code | None = None, **details: object) -> None:
         super().__init__(message)
@@ -37,10 +41,28 @@ class InvalidArgument(GtServeError):
     code = Code.INVALID_ARGUMENT
 
 
+class InvalidInput(InvalidArgument):
+    """A malformed request input: `input_name` names it and the message reads "input '<name>': <problem>".
+    Decoders wrap other InvalidArguments in this (for_input) by this type, never by reading the text."""
+
+    def __init__(self, input_name: str, problem: str) -> None:
+        super().__init__(f"input '{input_name}': {problem}")
+        self.input_name = input_name
+
+    @classmethod
+    def for_input(cls, input_name: str, exc: InvalidArgument) -> InvalidArgument:
+        """`exc` when it already names this input, else an InvalidInput that does."""
+        if isinstance(exc, InvalidInput) and exc.input_name == input_name:
+            return exc
+        return cls(input_name, exc.message)
+
+
 class ModelNotFound(GtServeError):
-    """Unknown model or version. Triton reports these as INVALID_ARG (HTTP 400)."""
+    """Unknown model or version. Triton reports these as INVALID_ARG (HTTP 400); `kind` tells it apart
+    (the gRPC transport sends it as the `gt-error-kind` trailer, see protocol/status.py)."""
 
     code = Code.INVALID_ARGUMENT
+    kind = "model_not_found"
 
 
 class PathNotAllowed(InvalidArgument):
@@ -53,6 +75,28 @@ class InvalidModelFile(InvalidArgument):
 
 class NotFound(GtServeError):
     code = Code.NOT_FOUND
+
+
+class NotReady(GtServeError):
+    """A health or model readiness probe that says no: Triton answers it with HTTP 400."""
+
+    code = Code.INVALID_ARGUMENT
+
+
+class MethodNotAllowed(GtServeError):
+    """HTTP only: a known route asked with a method it does not take; `allowed` lists those it does."""
+
+    code = Code.METHOD_NOT_ALLOWED
+
+    def __init__(self, method: str, path: str, allowed: tuple[str, ...]) -> None:
+        super().__init__(f"method {method} is not allowed for {path}")
+        self.allowed = allowed
+
+
+class PayloadTooLarge(InvalidArgument):
+    """A request body over a limit (HTTP 413; RESOURCE_EXHAUSTED on gRPC)."""
+
+    code = Code.PAYLOAD_TOO_LARGE
 
 
 class Unavailable(GtServeError):

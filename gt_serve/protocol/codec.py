@@ -38,7 +38,7 @@ from ..datatypes import (  # noqa: E402  (re-exported)
     serialize_bytes,
     v2_datatype,
 )
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, InvalidInput
 
 JSON_CHUNK_BYTES = 1 << 20  # numeric JSON data is decoded this many bytes at a time
 _U32 = struct.Struct("<I")
@@ -63,11 +63,11 @@ def count_bytes_elements(raw, name: str) -> int:
     unpack = _U32.unpack_from
     while offset < size:
         if offset + 4 > size:
-            raise InvalidArgument(f"input '{name}': truncated BYTES element length")
+            raise InvalidInput(name, "truncated BYTES element length")
         offset += 4 + unpack(mv, offset)[0]
         count += 1
     if offset > size:
-        raise InvalidArgument(f"input '{name}': the last BYTES element overruns the tensor data")
+        raise InvalidInput(name, "the last BYTES element overruns the tensor data")
     return count
 
 
@@ -161,12 +161,12 @@ def array_from_json_span(name: str, datatype: str, shape: tuple[int, ...], span:
     dtype = numpy_dtype(datatype)
     doc, start, end = span.doc, span.start, span.end
     if doc.find(b'"', start, end) >= 0 or doc.find(b"{", start, end) >= 0:
-        raise InvalidArgument(f"input '{name}': data is not numeric for datatype {datatype}")
+        raise InvalidInput(name, f"data is not numeric for datatype {datatype}")
     _check_brackets(name, doc, start, end)
     commas = doc.count(b",", start, end)
     got = commas + 1 if commas or doc[start:end].translate(None, b"[] \t\r\n") else 0
     if got != count:
-        raise InvalidArgument(f"input '{name}': expected {count} elements for shape {list(shape)}, got {got}")
+        raise InvalidInput(name, f"expected {count} elements for shape {list(shape)}, got {got}")
     out = np.empty(count, dtype=dtype)
     filled, pos = 0, start
     while filled < count:
@@ -175,7 +175,7 @@ def array_from_json_span(name: str, datatype: str, shape: tuple[int, ...], span:
         chunk = _loads(b"[" + doc[pos:cut].translate(_BRACKETS_TO_SPACE) + b"]")
         part = array_from_list(name, datatype, (len(chunk),), chunk)
         if filled + part.size > count:
-            raise InvalidArgument(f"input '{name}': expected {count} elements for shape {list(shape)}, got more")
+            raise InvalidInput(name, f"expected {count} elements for shape {list(shape)}, got more")
         out[filled:filled + part.size] = part
         filled += part.size
         pos = cut + 1
@@ -187,12 +187,12 @@ def _bytes_from_json_span(name: str, shape: tuple[int, ...], count: int, span: J
     plain = _unescaped(text) if b"\\" in text else text  # escapes out of the way: quotes delimit strings
     got = plain.count(b'"') // 2
     if got != count:
-        raise InvalidArgument(f"input '{name}': expected {count} elements for shape {list(shape)}, got {got}")
+        raise InvalidInput(name, f"expected {count} elements for shape {list(shape)}, got {got}")
     structure = _without_strings(plain)
     if structure.translate(None, b"[], \t\r\n"):
-        raise InvalidArgument(f"input '{name}': BYTES data must be strings")
+        raise InvalidInput(name, "BYTES data must be strings")
     if structure.count(b"[") > _max_lists(shape):
-        raise InvalidArgument(f"input '{name}': data nests more lists than shape {list(shape)} has")
+        raise InvalidInput(name, f"data nests more lists than shape {list(shape)} has")
     del plain
     return array_from_list(name, "BYTES", shape, _loads(text))
 
@@ -249,7 +249,7 @@ def _check_brackets(name: str, doc: bytes, start: int, end: int) -> None:
     else:
         if depth == 0:
             return
-    raise InvalidArgument(f"input '{name}': 'data' is not a well-formed (nested) JSON list")
+    raise InvalidInput(name, "'data' is not a well-formed (nested) JSON list")
 
 
 def _loads(text: bytes):

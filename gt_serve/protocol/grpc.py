@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
-import inspect
 import logging
-from typing import Any
 
 import grpc
 from google.protobuf import json_format
@@ -24,6 +22,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from ..errors import GtServeError, InvalidArgument, Unsupported
+from ..tls import TlsFiles, pem_set
 from .grpc_codec import (
     cuda_shm_status_to_proto,
     model_metadata_to_proto,
@@ -33,7 +32,7 @@ from .grpc_codec import (
     response_to_proto,
     shm_status_to_proto,
 )
-from .status import grpc_status
+from .status import grpc_status, grpc_trailers
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +50,10 @@ _TRACE_DEFAULTS: dict[str, list[str]] = {
 }
 
 
-async def _resolve(value: Any) -> Any:
-    """Await `value` when the data plane returned an awaitable (non-hot-path calls only)."""
-    if inspect.isawaitable(value):
-        return await value
-    return value
-
-
 async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext) -> None:
     """The one place an exception becomes a gRPC status."""
     if isinstance(exc, GtServeError):
-        await context.abort(grpc_status(exc.code), exc.message)
+        await context.abort(grpc_status(exc.code), exc.message, trailing_metadata=grpc_trailers(exc))
     log.error("unexpected error in gRPC handler", exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
@@ -113,30 +105,30 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelReady(self, request, context):
-        return pb.ModelReadyResponse(ready=bool(self._dp.model_ready(request.name, request.version)))
+        return pb.ModelReadyResponse(ready=bool(await self._dp.model_ready(request.name, request.version)))
 
     @_rpc
     async def ServerMetadata(self, request, context):
-        meta = await _resolve(self._dp.server_metadata())
+        meta = self._dp.server_metadata()
         return pb.ServerMetadataResponse(
             name=meta.get("name", ""), version=meta.get("version", ""), extensions=meta.get("extensions", ())
         )
 
     @_rpc
     async def ModelMetadata(self, request, context):
-        meta = await _resolve(self._dp.model_metadata(request.name, request.version))
+        meta = await self._dp.model_metadata(request.name, request.version)
         return model_metadata_to_proto(meta)
 
     @_rpc
     async def ModelConfig(self, request, context):
-        config = await _resolve(self._dp.model_config(request.name, request.version))
+        config = await self._dp.model_config(request.name, request.version)
         resp = pb.ModelConfigResponse()
         resp.config.CopyFrom(config)
         return resp
 
     @_rpc
     async def ModelStatistics(self, request, context):
-        stats = await _resolve(self._dp.statistics(request.name, request.version))
+        stats = await self._dp.statistics(request.name, request.version)
         return json_format.ParseDict(stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     # -- inference -------------------------------------------------------------------------
@@ -197,51 +189,47 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def RepositoryIndex(self, request, context):
-        return repository_index_to_proto(await _resolve(self._dp.repository_index(request.ready)))
+        return repository_index_to_proto(await self._dp.repository_index(request.ready))
 
     @_rpc
     async def RepositoryModelLoad(self, request, context):
-        await _resolve(self._dp.load_model(request.model_name, params_from_proto(request.parameters)))
+        await self._dp.load_model(request.model_name, params_from_proto(request.parameters))
         return pb.RepositoryModelLoadResponse()
 
     @_rpc
     async def RepositoryModelUnload(self, request, context):
         params = params_from_proto(request.parameters)
-        await _resolve(
-            self._dp.unload_model(request.model_name, unload_dependents=bool(params.get("unload_dependents", False)))
-        )
+        await self._dp.unload_model(request.model_name, unload_dependents=bool(params.get("unload_dependents", False)))
         return pb.RepositoryModelUnloadResponse()
 
     # -- shared memory ---------------------------------------------------------------------
 
     @_rpc
     async def SystemSharedMemoryStatus(self, request, context):
-        return shm_status_to_proto(await _resolve(self._dp.shm_status(request.name)))
+        return shm_status_to_proto(await self._dp.shm_status(request.name))
 
     @_rpc
     async def SystemSharedMemoryRegister(self, request, context):
-        await _resolve(self._dp.shm_register(request.name, request.key, request.offset, request.byte_size))
+        await self._dp.shm_register(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
     @_rpc
     async def SystemSharedMemoryUnregister(self, request, context):
-        await _resolve(self._dp.shm_unregister(request.name))
+        await self._dp.shm_unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @_rpc
     async def CudaSharedMemoryStatus(self, request, context):
-        return cuda_shm_status_to_proto(await _resolve(self._dp.cuda_shm_status(request.name)))
+        return cuda_shm_status_to_proto(await self._dp.cuda_shm_status(request.name))
 
     @_rpc
     async def CudaSharedMemoryRegister(self, request, context):
-        await _resolve(
-            self._dp.cuda_shm_register(request.name, request.raw_handle, request.device_id, request.byte_size)
-        )
+        await self._dp.cuda_shm_register(request.name, request.raw_handle, request.device_id, request.byte_size)
         return pb.CudaSharedMemoryRegisterResponse()
 
     @_rpc
     async def CudaSharedMemoryUnregister(self, request, context):
-        await _resolve(self._dp.cuda_shm_unregister(request.name))
+        await self._dp.cuda_shm_unregister(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- trace and log settings (read-only: this server neither traces nor reconfigures logs) --
@@ -249,7 +237,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @_rpc
     async def TraceSetting(self, request, context):
         # Triton's check and words; nothing is stored per model (the settings are read-only here)
-        if request.model_name and not await _resolve(self._dp.model_ready(request.model_name, "")):
+        if request.model_name and not await self._dp.model_ready(request.model_name, ""):
             raise InvalidArgument(f"Request for unknown model : {request.model_name[:256]}")
         if request.settings:
             raise Unsupported("trace settings cannot be changed: this server does not support tracing")
@@ -330,6 +318,12 @@ class GrpcFrontEnd:
         await self._server.stop(grace_s)
 
 
+def _server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    pem = pem_set(tls, server=True)  # unreadable or mismatched files: ConfigError naming the file
+    return grpc.ssl_server_credentials([(pem.key, pem.cert)], root_certificates=pem.root,
+                                       require_client_auth=tls.mutual)
+
+
 async def start_grpc(
     dataplane,
     host: str,
@@ -338,13 +332,16 @@ async def start_grpc(
     auth_token: str | None = None,
     peer_token: str | None = None,
     max_message_bytes: int = 2**31 - 1,
+    tls: TlsFiles | None = None,
 ) -> GrpcFrontEnd:
     """Start the gRPC front end on the running event loop. With `auth_token`, every RPC but health
-    needs a bearer token: that one, or `peer_token` (what fleet nodes forward with)."""
+    needs a bearer token: that one, or `peer_token` (what fleet nodes forward with). With `tls`, TLS
+    (client certificates required when `tls.mutual`)."""
     options = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
+        ("grpc.server_handshake_timeout_ms", 10_000),  # as H2Limits.handshake_timeout_s: a silent TLS client
     ]
     interceptors = [BearerAuthInterceptor(auth_token, peer_token or "")] if auth_token else None
     server = grpc.aio.server(options=options, interceptors=interceptors)
@@ -352,8 +349,9 @@ async def start_grpc(
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     address = f"{host}:{port}"
+    credentials = _server_credentials(tls) if tls is not None else None
     try:
-        bound = server.add_insecure_port(address)
+        bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError as exc:
         raise OSError(f"gRPC: cannot bind {address}: {exc}") from None
     if not bound:

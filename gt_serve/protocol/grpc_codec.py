@@ -11,7 +11,7 @@ from typing import Any, Iterable
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, InvalidInput
 from ..types import InferRequest, InferResponse, RequestedOutput, Tensor
 from .codec import array_from_raw, numpy_dtype, serialize_bytes
 
@@ -80,7 +80,7 @@ def _shape(name: str, dims) -> tuple[int, ...]:
     shape = tuple(dims)
     for d in shape:
         if d < 0:
-            raise InvalidArgument(f"input '{name}': invalid shape {list(shape)}")
+            raise InvalidInput(name, f"invalid shape {list(shape)}")
     return shape
 
 
@@ -88,16 +88,16 @@ def _array_from_contents(name: str, datatype: str, shape: tuple[int, ...], conte
     field = _CONTENTS_FIELD.get(datatype)
     if field is None:
         numpy_dtype(datatype)  # raises for an unknown datatype
-        raise InvalidArgument(
-            f"input '{name}': datatype {datatype} must be sent in raw_input_contents, not typed contents"
+        raise InvalidInput(
+            name, f"datatype {datatype} must be sent in raw_input_contents, not typed contents"
         )
     values = getattr(contents, field)
     count = 1
     for d in shape:
         count *= d
     if len(values) != count:
-        raise InvalidArgument(
-            f"input '{name}': expected {count} elements for shape {list(shape)} in {field}, got {len(values)}"
+        raise InvalidInput(
+            name, f"expected {count} elements for shape {list(shape)} in {field}, got {len(values)}"
         )
     if datatype == "BYTES":
         arr = np.empty(count, dtype=object)
@@ -108,7 +108,7 @@ def _array_from_contents(name: str, datatype: str, shape: tuple[int, ...], conte
     if dtype.kind in "iu" and count and dtype.itemsize < 8:
         info = np.iinfo(dtype)
         if src.min() < info.min or src.max() > info.max:
-            raise InvalidArgument(f"input '{name}': {field} value out of range for datatype {datatype}")
+            raise InvalidInput(name, f"{field} value out of range for datatype {datatype}")
     return src.astype(dtype).reshape(shape)
 
 
@@ -133,8 +133,8 @@ def request_from_proto(msg: pb.ModelInferRequest, time_remaining_s: float | None
             data = None
         elif n_raw:
             if tensor.HasField("contents"):
-                raise InvalidArgument(
-                    f"input '{name}': contents field must not be specified when using raw_input_contents"
+                raise InvalidInput(
+                    name, "contents field must not be specified when using raw_input_contents"
                 )
             if raw_index >= n_raw:
                 raise InvalidArgument(
@@ -143,13 +143,13 @@ def request_from_proto(msg: pb.ModelInferRequest, time_remaining_s: float | None
             try:
                 data = array_from_raw(name, datatype, shape, raw[raw_index])
             except InvalidArgument as exc:
-                raise _naming(name, exc) from None
+                raise InvalidInput.for_input(name, exc) from None
             raw_index += 1
         else:
             try:
                 data = _array_from_contents(name, datatype, shape, tensor.contents)
             except InvalidArgument as exc:
-                raise _naming(name, exc) from None
+                raise InvalidInput.for_input(name, exc) from None
         inputs.append(Tensor(name, datatype, shape, data, params))
     if raw_index != n_raw:
         raise InvalidArgument(
@@ -185,13 +185,6 @@ def request_from_proto(msg: pb.ModelInferRequest, time_remaining_s: float | None
         deadline_s=deadline_s,
         priority=priority,
     )
-
-
-def _naming(name: str, exc: InvalidArgument) -> InvalidArgument:
-    """Make sure a decoding error names the tensor."""
-    if f"'{name}'" in exc.message:
-        return exc
-    return InvalidArgument(f"input '{name}': {exc.message}")
 
 
 def _int_param(key: str, value) -> int:

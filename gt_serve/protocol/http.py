@@ -1,8 +1,9 @@
 """The V2 (KServe / Triton) REST route table on top of http_server, over a DataPlane.
 
 Routes: PROTOCOL.md §1. The request body is never interpreted by Content-Type. Every error is an
-uncompressed JSON {"error": "..."} whose status comes from protocol/status.py (`_handle` is the one
-exception handler). Query strings are ignored; unknown routes answer 404, wrong methods 405.
+uncompressed JSON {"error": "..."} whose status and headers come from protocol/status.py (`_handle`
+is the one exception handler). Query strings are ignored; unknown routes answer 404 (NotFound), wrong
+methods 405 (MethodNotAllowed, with Allow), a missing token 401 (Unauthenticated, with WWW-Authenticate).
 """
 from __future__ import annotations
 
@@ -10,17 +11,17 @@ import asyncio
 import base64
 import hmac
 from concurrent.futures import ThreadPoolExecutor
-import inspect
 import logging
 from typing import Any
 
 import orjson
 
 from ..core.model_config import model_config_json
-from ..errors import GtServeError, InvalidArgument
+from ..errors import GtServeError, InvalidArgument, MethodNotAllowed, NotFound, NotReady, Unauthenticated
+from ..tls import TlsFiles, server_context
 from . import http_infer
 from .http_server import HttpServer, Request, Response, json_error
-from .status import http_status
+from .status import http_headers, http_status
 from .trace_settings import TraceSettings
 
 _log = logging.getLogger(__name__)
@@ -32,27 +33,13 @@ COMPRESS_MIN_BYTES = 1024  # smaller infer responses are sent uncompressed even 
 OFFLOAD_DECODE_BYTES = 1 << 20  # infer bodies this large are decoded on the (one) decode thread
 
 
-class _HttpError(Exception):
-    def __init__(self, status: int, message: str, headers: dict | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers
-
-
 def _ok_json(value: Any) -> Response:
     return Response(200, orjson.dumps(value), _JSON)
 
 
-async def _resolve(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
-
-
 def _need(req: Request, *methods: str) -> None:
     if req.method not in methods:
-        raise _HttpError(405, f"method {req.method} is not allowed for {req.path}", {"Allow": ", ".join(methods)})
+        raise MethodNotAllowed(req.method, req.path, methods)
 
 
 def _json_body(body: bytes, what: str) -> dict:
@@ -103,8 +90,8 @@ class HttpFrontEnd:
     def port(self) -> int:
         return self._server.port
 
-    async def start(self, host: str, port: int) -> None:
-        await self._server.start(host, port)
+    async def start(self, host: str, port: int, ssl_context=None) -> None:
+        await self._server.start(host, port, ssl_context)
 
     async def close(self, drain_timeout_s: float = 5.0) -> None:
         await self._server.close(drain_timeout_s)
@@ -123,10 +110,7 @@ class HttpFrontEnd:
                     return await self._infer(req, parts[0], parts[2] if len(parts) == 3 else "")
             return await self._route(req, [p for p in path.split("/") if p])
         except GtServeError as exc:
-            status = 413 if isinstance(exc, http_infer.RequestTooLarge) else http_status(exc.code)
-            return json_error(status, exc.message)
-        except _HttpError as exc:
-            return json_error(exc.status, exc.message, exc.headers)
+            return json_error(http_status(exc.code), exc.message, http_headers(exc))
         except Exception as exc:  # noqa: BLE001 - logged once, answered as 500
             _log.exception("unexpected error serving %s %s", req.method, req.path)
             return json_error(500, f"internal error: {type(exc).__name__}: {exc}")
@@ -134,7 +118,7 @@ class HttpFrontEnd:
     def _check_auth(self, req: Request) -> None:
         got = req.headers.get("authorization", "").encode("latin-1")
         if not hmac.compare_digest(got, self._auth):
-            raise _HttpError(401, "missing or invalid bearer token", {"WWW-Authenticate": "Bearer"})
+            raise Unauthenticated("missing or invalid bearer token")
 
     def _body(self, req: Request) -> bytes:
         encoding = req.headers.get("content-encoding")
@@ -145,19 +129,18 @@ class HttpFrontEnd:
     # ---- routing ----
     async def _route(self, req: Request, parts: list[str]) -> Response:
         if not parts or parts[0] != "v2":
-            raise _HttpError(404, f"no route for {req.path}")
+            raise NotFound(f"no route for {req.path}")
         rest = parts[1:]
         n = len(rest)
         head = rest[0] if rest else ""
         if n == 0:
             _need(req, "GET")
-            return _ok_json(await _resolve(self._dp.server_metadata()))
+            return _ok_json(self._dp.server_metadata())
         if head == "health" and n == 2 and rest[1] in ("live", "ready"):
             _need(req, "GET")
-            ok = await _resolve(self._dp.live() if rest[1] == "live" else self._dp.ready())
-            if ok:
+            if self._dp.live() if rest[1] == "live" else self._dp.ready():
                 return _EMPTY_OK
-            raise _HttpError(400, f"server is not {rest[1]}")
+            raise NotReady(f"server is not {rest[1]}")
         if head == "models" and n >= 2:
             return await self._model_route(req, rest[1:])
         if head == "repository":
@@ -168,45 +151,45 @@ class HttpFrontEnd:
             return await self._trace(req, "")
         if head == "logging" and n == 1:
             return self._logging(req)
-        raise _HttpError(404, f"no route for {req.path}")
+        raise NotFound(f"no route for {req.path}")
 
     async def _model_route(self, req: Request, parts: list[str]) -> Response:
         dp = self._dp
         if parts == ["stats"]:
             _need(req, "GET")
-            return _ok_json(await _resolve(dp.statistics("", "")))
+            return _ok_json(await dp.statistics("", ""))
         name = parts[0]
         version, rest = _split_version(parts[1:])
         if not rest:
             _need(req, "GET")
-            return _ok_json(await _resolve(dp.model_metadata(name, version)))
+            return _ok_json(await dp.model_metadata(name, version))
         action = rest[0]
         if len(rest) == 1:
             if action == "ready":
                 _need(req, "GET")
-                if await _resolve(dp.model_ready(name, version)):
+                if await dp.model_ready(name, version):
                     return _EMPTY_OK
-                raise _HttpError(400, f"model '{name}'{f' version {version}' if version else ''} is not ready")
+                raise NotReady(f"model '{name}'{f' version {version}' if version else ''} is not ready")
             if action == "config":
                 _need(req, "GET")
-                config = await _resolve(dp.model_config(name, version))
+                config = await dp.model_config(name, version)
                 return _ok_json(model_config_json(config))
             if action == "stats":
                 _need(req, "GET")
-                return _ok_json(await _resolve(dp.statistics(name, version)))
+                return _ok_json(await dp.statistics(name, version))
             if action == "infer":
                 _need(req, "POST")
                 return await self._infer(req, name, version)
         if rest == ["trace", "setting"]:
             return await self._trace(req, name)
-        raise _HttpError(404, f"no route for {req.path}")
+        raise NotFound(f"no route for {req.path}")
 
     async def _repository_route(self, req: Request, parts: list[str]) -> Response:
         dp = self._dp
         if parts == ["index"]:
             _need(req, "POST", "GET")
             doc = _json_body(self._body(req), "repository index")
-            return _ok_json(await _resolve(dp.repository_index(bool(doc.get("ready", False)))))
+            return _ok_json(await dp.repository_index(bool(doc.get("ready", False))))
         if len(parts) == 3 and parts[0] == "models" and parts[2] in ("load", "unload"):
             _need(req, "POST")
             name = parts[1]
@@ -215,11 +198,11 @@ class HttpFrontEnd:
             if not isinstance(params, dict):
                 raise InvalidArgument(f"failed to {parts[2]} '{name}': 'parameters' must be a JSON object")
             if parts[2] == "load":
-                await _resolve(dp.load_model(name, _load_parameters(name, params)))
+                await dp.load_model(name, _load_parameters(name, params))
             else:
-                await _resolve(dp.unload_model(name, bool(params.get("unload_dependents", False))))
+                await dp.unload_model(name, bool(params.get("unload_dependents", False)))
             return _EMPTY_OK
-        raise _HttpError(404, f"no route for {req.path}")
+        raise NotFound(f"no route for {req.path}")
 
     async def _shm_route(self, req: Request, cuda: bool, parts: list[str]) -> Response:
         dp = self._dp
@@ -227,15 +210,14 @@ class HttpFrontEnd:
         if len(parts) == 3 and parts[0] == "region":
             region, parts = parts[1], parts[2:]
         if len(parts) != 1:
-            raise _HttpError(404, f"no route for {req.path}")
+            raise NotFound(f"no route for {req.path}")
         action = parts[0]
         if action == "status":
             _need(req, "GET")
-            status = dp.cuda_shm_status(region) if cuda else dp.shm_status(region)
-            return _ok_json(await _resolve(status))
+            return _ok_json(await (dp.cuda_shm_status(region) if cuda else dp.shm_status(region)))
         if action == "unregister":
             _need(req, "POST")
-            await _resolve(dp.cuda_shm_unregister(region) if cuda else dp.shm_unregister(region))
+            await (dp.cuda_shm_unregister(region) if cuda else dp.shm_unregister(region))
             return _EMPTY_OK
         if action == "register" and region:
             _need(req, "POST")
@@ -252,19 +234,19 @@ class HttpFrontEnd:
                 except ValueError:
                     raise InvalidArgument(f"{what}: 'raw_handle.b64' is not valid base64") from None
                 device_id = _int_field(doc, "device_id", what, 0)
-                await _resolve(dp.cuda_shm_register(region, raw, device_id, byte_size))
+                await dp.cuda_shm_register(region, raw, device_id, byte_size)
             else:
                 key = doc.get("key")
                 if not isinstance(key, str) or not key:
                     raise InvalidArgument(f"{what}: 'key' is required")
                 offset = _int_field(doc, "offset", what, 0)
-                await _resolve(dp.shm_register(region, key, offset, byte_size))
+                await dp.shm_register(region, key, offset, byte_size)
             return _EMPTY_OK
-        raise _HttpError(404, f"no route for {req.path}")
+        raise NotFound(f"no route for {req.path}")
 
     async def _trace(self, req: Request, model: str) -> Response:
         _need(req, "GET", "POST")
-        if model and not await _resolve(self._dp.model_ready(model, "")):  # Triton's check and words
+        if model and not await self._dp.model_ready(model, ""):  # Triton's check and words
             raise InvalidArgument(f"Request for unknown model : {model[:256]}")
         if req.method == "POST":
             return _ok_json(self._trace_settings.update(model, _json_body(self._body(req), "trace setting")))
@@ -289,7 +271,7 @@ class HttpFrontEnd:
         body = self._body(req) if "content-encoding" in headers else req.body
         header_length = http_infer.parse_header_length(headers.get("inference-header-content-length"), len(body))
         if header_length == 0:
-            config = await _resolve(self._dp.model_config(name, version))
+            config = await self._dp.model_config(name, version)
             decode, args = http_infer.decode_raw_request, (name, version, body, config)
         else:
             decode, args = http_infer.decode_request, (name, version, body, header_length)
@@ -332,10 +314,12 @@ def _load_parameters(name: str, params: dict) -> dict:
 async def start_http(dataplane, host: str, port: int, *, max_body_bytes: int = 256 * 1024 * 1024,
                      max_connections: int = 1024, auth_token: str | None = None,
                      idle_timeout_s: float = 60.0, header_timeout_s: float = 10.0, body_timeout_s: float = 60.0,
-                     compress_min_bytes: int = COMPRESS_MIN_BYTES) -> HttpFrontEnd:
-    """Build and start the V2 HTTP front end; `.port` is the bound port (port 0 = ephemeral)."""
+                     compress_min_bytes: int = COMPRESS_MIN_BYTES, tls: TlsFiles | None = None) -> HttpFrontEnd:
+    """Build and start the V2 HTTP front end; `.port` is the bound port (port 0 = ephemeral); HTTPS with
+    `tls` (bad files: ConfigError naming the file)."""
+    ssl_context = server_context(tls, ("http/1.1",)) if tls is not None else None
     front = HttpFrontEnd(dataplane, max_body_bytes=max_body_bytes, max_connections=max_connections,
                          auth_token=auth_token, idle_timeout_s=idle_timeout_s, header_timeout_s=header_timeout_s,
                          body_timeout_s=body_timeout_s, compress_min_bytes=compress_min_bytes)
-    await front.start(host, port)
+    await front.start(host, port, ssl_context)
     return front

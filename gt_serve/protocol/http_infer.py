@@ -19,7 +19,7 @@ import zlib
 import numpy as np
 import orjson
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, InvalidInput, PayloadTooLarge
 from ..types import InferRequest, InferResponse, RequestedOutput, Tensor
 from .codec import (
     DataSpans,
@@ -146,11 +146,11 @@ def _decode_input(item, blobs, offset: int, spans: DataSpans | None) -> tuple[Te
         if "data" in item:
             raise InvalidArgument(f"input '{name}' has both 'data' and binary_data_size")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise InvalidArgument(f"input '{name}': binary_data_size must be a non-negative integer, got {size!r}")
+            raise InvalidInput(name, f"binary_data_size must be a non-negative integer, got {size!r}")
         end = offset + size
         if end > len(blobs):
-            raise InvalidArgument(
-                f"input '{name}': binary_data_size {size} overruns the request body "
+            raise InvalidInput(
+                name, f"binary_data_size {size} overruns the request body "
                 f"({len(blobs) - offset} bytes of binary data left)"
             )
         data = _named(name, array_from_raw, datatype, shape, blobs[offset:end])
@@ -168,10 +168,8 @@ def _decode_input(item, blobs, offset: int, spans: DataSpans | None) -> tuple[Te
 def _named(name: str, fn, datatype: str, shape, payload) -> np.ndarray:
     try:
         return fn(name, datatype, shape, payload)
-    except InvalidArgument as exc:
-        if f"'{name}'" in exc.message:
-            raise
-        raise InvalidArgument(f"input '{name}': {exc.message}") from None
+    except InvalidArgument as exc:  # the decoders' errors name the input (InvalidInput); others get its name
+        raise InvalidInput.for_input(name, exc) from None
 
 
 def _apply_schedule_params(req: InferRequest, params: dict) -> None:
@@ -211,7 +209,7 @@ def decode_raw_request(model_name: str, version: str, body, config) -> InferRequ
     else:
         itemsize = numpy_dtype(datatype).itemsize
         if len(body) % itemsize:
-            raise InvalidArgument(f"input '{name}': {len(body)} bytes is not a whole number of {datatype} elements")
+            raise InvalidInput(name, f"{len(body)} bytes is not a whole number of {datatype} elements")
         count = len(body) // itemsize
     variable = [i for i, d in enumerate(dims) if d < 0]
     known = element_count([d for d in dims if d >= 0])
@@ -222,7 +220,7 @@ def decode_raw_request(model_name: str, version: str, body, config) -> InferRequ
         )
     if variable:
         if known == 0 or count % known:
-            raise InvalidArgument(f"input '{name}': {count} elements do not fit dims {dims}")
+            raise InvalidInput(name, f"{count} elements do not fit dims {dims}")
         dims[variable[0]] = count // known
     shape = tuple(([1] if config.max_batch_size > 0 else []) + dims)
     data = _named(name, array_from_raw, datatype, shape, memoryview(body))
@@ -242,9 +240,9 @@ def encode_response(resp: InferResponse, req: InferRequest) -> tuple[list, int |
         out = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
         params = tensor.parameters
         array = tensor.data
-        if array is None:  # written to shared memory
-            if params:
-                out["parameters"] = params
+        if array is None:  # written to shared memory: name, datatype, shape only, as Triton answers
+            # (Triton's C++ client, perf_analyzer's, reads any output 'parameters' as binary data and
+            # then requires binary_data_size: the region's parameters are not echoed)
             outputs.append(out)
             continue
         binary = default_binary
@@ -317,8 +315,8 @@ def decompress(body: bytes, encoding: str, max_bytes: int) -> bytes:
     raise AssertionError("unreachable")
 
 
-class RequestTooLarge(InvalidArgument):
-    """Mapped to HTTP 413 by the front end."""
+class RequestTooLarge(PayloadTooLarge):
+    """A decompressed body over the limit: HTTP 413 (protocol/status.py)."""
 
 
 def choose_encoding(accept: str | None) -> str | None:

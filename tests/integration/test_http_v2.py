@@ -376,7 +376,7 @@ def test_system_shared_memory_input_and_output(client):
         outputs[1].set_shared_memory(f"{tag}_out", nbytes, offset=nbytes)
         res = client.infer("simple", inputs, outputs=outputs)
         for out in res.get_response()["outputs"]:
-            assert "data" not in out and out["parameters"]["shared_memory_region"] == f"{tag}_out"
+            assert "data" not in out and "parameters" not in out  # as Triton answers an output in shm
         s = shm.get_contents_as_numpy(op, np.int32, [2, 16])
         d = shm.get_contents_as_numpy(op, np.int32, [2, 16], offset=nbytes)
         np.testing.assert_array_equal(s, a + b)

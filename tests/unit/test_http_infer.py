@@ -148,8 +148,8 @@ def test_encode_defaults_subsets_and_shm_outputs():
     assert a["data"] == [0, 1, 2, 3] and "parameters" not in a
     assert b["parameters"]["binary_data_size"] == 11 and "data" not in b
     assert payload[n:] == b"\x01\0\0\0p\x02\0\0\0qq"
-    assert c == {"name": "C", "datatype": "FP32", "shape": [4],
-                 "parameters": {"shared_memory_region": "o", "shared_memory_byte_size": 16}}
+    # as Triton: no parameters (C++ clients read any as binary data and then need binary_data_size)
+    assert c == {"name": "C", "datatype": "FP32", "shape": [4]}
 
 
 @pytest.mark.parametrize("accept,expected", [

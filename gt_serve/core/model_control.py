@@ -1,0 +1,123 @@
+"""The repository side of the data plane: readiness, model metadata and config, statistics, and the
+model repository extension (index, load, unload) over the ModelRegistry.
+
+Readiness is its own object because App drives it (ready after the start-up loads, draining on
+SIGTERM) while the transports only read it; strict readiness keeps the server NOT READY until the
+start-up models that failed (`waiting_for`) are READY, however they get loaded later.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import GtServeError, InvalidArgument, ModelNotFound, Unsupported
+from .pipeline import StageInfo
+from .registry import READY, ModelRegistry, decode_load_files
+
+
+class Readiness:
+    def __init__(self, registry: ModelRegistry) -> None:
+        self._registry = registry
+        self._ready = False
+        self._waiting_for: tuple[str, ...] = ()
+        self.draining = False
+
+    def ready(self) -> bool:
+        if self._waiting_for and all(self._registry.ready(name) for name in self._waiting_for):
+            self._waiting_for = ()  # strict readiness: the start-up models that failed have been loaded since
+        return self._ready and not self._waiting_for and not self.draining
+
+    def set_ready(self, ready: bool, waiting_for: tuple[str, ...] = ()) -> None:
+        """`waiting_for`: models that must be READY before the server is (strict readiness after a
+        failed start-up load: loading them later through the repository API makes the server ready)."""
+        self._ready = ready
+        self._waiting_for = tuple(waiting_for)
+
+    def set_draining(self) -> None:
+        self.draining = True
+
+
+class ModelControl:
+    """`mode`: the model control mode ("explicit" allows load / unload over the protocol);
+    `energy_totals`: () -> {"models", "devices", "total"} added to the statistics (NodeEnergy.totals)."""
+
+    def __init__(self, registry: ModelRegistry, mode: str = "none",
+                 energy_totals: Callable[[], dict] | None = None) -> None:
+        self._registry = registry
+        self._mode = mode
+        self._energy_totals = energy_totals
+        self._stage_infos: dict[str, tuple[Any, StageInfo]] = {}
+
+    # -- metadata ---------------------------------------------------------------------------------
+    def metadata(self, name: str, version: str = "") -> dict:
+        model = self._registry.get(name, version)
+        spec = model.spec
+        batch = [-1] if spec.max_batch_size > 0 else []
+        versions = [version] if version else sorted(
+            (m.version for m in self._registry.loaded() if m.name == name), key=int)
+        return {
+            "name": name,
+            "versions": versions,
+            "platform": model.config.platform or "onnxruntime_onnx",
+            "inputs": [{"name": n, "datatype": spec.inputs[n].datatype, "shape": batch + list(spec.inputs[n].dims)}
+                       for n in spec.input_order],
+            "outputs": [{"name": n, "datatype": spec.outputs[n].datatype, "shape": batch + list(spec.outputs[n].dims)}
+                        for n in spec.output_order],
+        }
+
+    def config(self, name: str, version: str = ""):
+        return self._registry.get(name, version).config
+
+    def stage_info(self, name: str) -> StageInfo | None:
+        """A ready local model's metadata and config (what a pipeline stage needs), kept per loaded version."""
+        try:
+            model = self._registry.get(name)
+        except GtServeError:
+            return None
+        if model.state != READY:
+            return None
+        cached = self._stage_infos.get(name)
+        if cached is None or cached[0] is not model:
+            cached = self._stage_infos[name] = (model, StageInfo(self.metadata(name), model.config))
+        return cached[1]
+
+    # -- statistics ---------------------------------------------------------------------------------
+    def statistics(self, name: str = "", version: str = "") -> dict:
+        registry = self._registry
+        if not name:
+            models = registry.loaded()
+        else:
+            if name not in registry.names():
+                raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
+            models = [m for m in registry.loaded() if m.name == name and (not version or m.version == version)]
+            if version and not models:
+                raise ModelNotFound(f"Request for unknown model: '{name}' version {version} is not found")
+        out = {"model_stats": [m.stats.as_dict() for m in sorted(models, key=lambda m: (m.name, int(m.version)))]}
+        if self._energy_totals is not None:  # gt_serve extension: J/inference per model and device, totals
+            out["energy"] = self._energy_totals()
+        return out
+
+    # -- repository ---------------------------------------------------------------------------------
+    def index(self, ready_only: bool = False) -> list[dict]:
+        return self._registry.index(ready_only)
+
+    def _check_control(self, what: str, name: str) -> None:
+        if self._mode != "explicit":
+            raise Unsupported(f"failed to {what} '{name}': explicit model load / unload is not allowed "
+                              f"(start gt-serve with --model-control-mode explicit)")
+
+    async def load(self, name: str, parameters: dict | None = None) -> None:
+        """parameters: "config" (JSON str), "file:<path>" (bytes)."""
+        self._check_control("load", name)
+        parameters = parameters or {}
+        config = parameters.get("config")
+        if config is not None and not isinstance(config, str):
+            if isinstance(config, (bytes, bytearray)):
+                config = bytes(config).decode("utf-8", "replace")
+            else:
+                raise InvalidArgument(f"failed to load '{name}': parameter 'config' must be a JSON string")
+        await self._registry.load(name, config, decode_load_files(parameters))
+
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        self._check_control("unload", name)
+        await self._registry.unload(name)
