@@ -84,6 +84,7 @@ class ModelRegistry:
             return entry.latest
         model = entry.versions.get(version)
         if model is None:
+            check_version(version)
             raise ModelNotFound(f"Request for unknown model: '{name}' version {version} is not found")
         return model
 
@@ -98,6 +99,14 @@ class ModelRegistry:
 
     def names(self) -> list[str]:
         return sorted(set(self._entries) | set(self.scan()))
+
+    def repository_models(self) -> list[str]:
+        """Models with loaded versions that came from the repository (not from uploaded files)."""
+        return [name for name, e in self._entries.items() if e.versions and not e.uploaded]
+
+    def is_loaded(self, name: str) -> bool:
+        entry = self._entries.get(name)
+        return entry is not None and bool(entry.versions)
 
     # -- repository -----------------------------------------------------------------------------
     def scan(self) -> list[str]:
@@ -137,7 +146,7 @@ class ModelRegistry:
             raise InvalidArgument(f"failed to load '{name}': file overrides need a 'config' parameter")
         entry = self._entries.setdefault(name, ModelEntry(name))
         async with entry.lock:
-            model_dir = upload_dir = None if files else self.repository / name
+            model_dir, upload_dir = (None if files else self.repository / name), None
             if model_dir is not None and not model_dir.is_dir():
                 if not entry.versions and self._entries.get(name) is entry:
                     self._entries.pop(name)
@@ -231,6 +240,8 @@ class ModelRegistry:
             for model in models:
                 await self._close(model, "unloaded")
             entry.state, entry.reason, entry.uploaded = UNAVAILABLE, "unloaded", False
+            if not self._on_disk(name) and self._entries.get(name) is entry:
+                self._entries.pop(name)  # its directory is gone (poll mode): no longer in the index either
         log.info("unloaded model %s", name)
 
     async def _close(self, model: LoadedModel, reason: str) -> None:
@@ -246,6 +257,18 @@ class ModelRegistry:
                 await self.unload(name)
         finally:
             self._uploads.close()
+
+
+def check_version(version: str) -> None:
+    """A version string that is not a number is refused in Triton's words (its GetModelVersionFromString)."""
+    text = version.strip()
+    digits = text[1:] if text[:1] in "+-" else text
+    if not (digits.isascii() and digits.isdigit()):
+        raise InvalidArgument(f"failed to get model version from specified version string '{version}' "
+                              "(details: stol), version should be an integral value > 0")
+    if text.startswith("-"):
+        raise InvalidArgument(f"invalid model version specified '{version}' , version should be an integral "
+                              "value > 0")
 
 
 def _apply_version_policy(cfg: mc.ModelConfig, available: list[int]) -> list[int]:

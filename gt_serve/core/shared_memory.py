@@ -108,7 +108,7 @@ class SystemSharedMemory:
         if name:
             region = self._regions.get(name)
             if region is None:
-                raise InvalidArgument(f"unable to find system shared memory region: '{name}'")
+                raise InvalidArgument(f"Unable to find system shared memory region: '{name}'")  # Triton's words
             return [region.as_dict()]
         return [r.as_dict() for r in self._regions.values()]
 
@@ -147,7 +147,7 @@ class SystemSharedMemory:
     def _locate(self, name: object, offset: object, nbytes: object, what: str) -> tuple[Region, int, int]:
         region = self._regions.get(name) if isinstance(name, str) else None
         if region is None:
-            raise InvalidArgument(f"{what}: shared memory region '{name}' is not registered")
+            raise InvalidArgument(f"Unable to find shared memory region: '{name}' ({what}: the region is not registered)")
         offset = check_extent("shared_memory_offset", offset, what)
         nbytes = check_extent("shared_memory_byte_size", nbytes, what)
         if offset + nbytes > region.byte_size:

@@ -91,6 +91,37 @@ def test_unknown_model(conn):
     assert_next_served(conn)
 
 
+def _triton_wording_cases():
+    """(path, request document, Triton's message): clients that match on text find the same words."""
+    wrong_type, wrong_shape, one_input, bad_shm = simple_json(), simple_json(), simple_json(), simple_json()
+    wrong_type["inputs"][0].update(datatype="FP32", data=[1.0] * 16)
+    wrong_shape["inputs"][0].update(shape=[1, 15], data=ONES[:15])
+    one_input["inputs"] = one_input["inputs"][:1]
+    bad_shm["inputs"][0] = {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32",
+                            "parameters": {"shared_memory_region": "nope", "shared_memory_byte_size": 64}}
+    return [
+        ("/v2/models/no_such_model/infer", simple_json(), "Request for unknown model: 'no_such_model' is not found"),
+        ("/v2/models/simple/versions/7/infer", simple_json(),
+         "Request for unknown model: 'simple' version 7 is not found"),
+        ("/v2/models/simple/versions/abc/infer", simple_json(),
+         "failed to get model version from specified version string 'abc' (details: stol), "
+         "version should be an integral value > 0"),
+        (SIMPLE, wrong_type, "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'"),
+        (SIMPLE, wrong_shape, "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [1,15]"),
+        (SIMPLE, one_input, "expected 2 inputs but got 1 inputs for model 'simple'. Got input(s) ['INPUT0'], "
+                            "but missing required input(s) ['INPUT1']. Please provide all required input(s)."),
+        (SIMPLE, bad_shm, "Unable to find shared memory region: 'nope'"),
+    ]
+
+
+def test_messages_in_tritons_words(conn):
+    for path, doc, words in _triton_wording_cases():
+        assert_error(post_json(conn, doc, path), (400,), words)
+    assert_error(conn.request("GET", "/v2/systemsharedmemory/region/nope/status"), (400,),
+                 "Unable to find system shared memory region: 'nope'")
+    assert_next_served(conn)
+
+
 def test_wrong_datatype(conn):
     doc = simple_json()
     doc["inputs"][0]["datatype"] = "FP32"

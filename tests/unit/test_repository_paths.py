@@ -178,7 +178,7 @@ def test_registry_garbage_onnx_and_names(tmp_path):
 
 
 def test_split_refuses_label_files_outside(tmp_path):
-    from gt_serve.shard import ShardError, split_model
+    from gt_serve.tools.shard import ShardError, split_model
 
     model_dir = tmp_path / "src" / "mlp"
     mb.mlp(model_dir / "1" / "model.onnx", sizes=(16, 32, 4))
