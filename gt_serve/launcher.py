@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -66,10 +67,12 @@ class ServerProcess:
 
 def launch(args: list[str], *, workdir: Path | None = None, env: dict | None = None, timeout_s: float = 90.0,
            repo: Path | None = None, poll_s: float = 0.05, command: list[str] | None = None,
-           wait_ready: bool = True) -> ServerProcess:
+           wait_ready: bool = True, tls_ca: str | Path | None = None,
+           tls_client: tuple[str | Path, str | Path] | None = None) -> ServerProcess:
     """Run `python -m gt_serve ARGS` (or `command ARGS`, any server taking gt-serve's flags) bound to
     127.0.0.1 on free ports; return once /v2/health/ready is 200 (wait_ready=False: once the listeners are
-    open and the ports known, models possibly still loading)."""
+    open and the ports known, models possibly still loading). With `tls_ca` the readiness probe speaks HTTPS
+    trusting that CA, presenting `tls_client` (certificate, key) when given (--http-use-ssl-mutual)."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="gt_serve_run_"))
     stamp = time.monotonic_ns()
     port_file = workdir / f"ports-{stamp}.json"
@@ -102,10 +105,10 @@ def launch(args: list[str], *, workdir: Path | None = None, env: dict | None = N
         raise RuntimeError(f"gt-serve wrote no port file within {timeout_s}s:\n{log_path.read_text()}")
     if not wait_ready:
         return server
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+    opener, scheme = _opener(tls_ca, tls_client)
     while time.monotonic() < deadline:
         try:
-            with opener.open(f"http://{server.http_url}/v2/health/ready", timeout=2) as r:
+            with opener.open(f"{scheme}://{server.http_url}/v2/health/ready", timeout=2) as r:
                 if r.status == 200:
                     return server
         except OSError:
@@ -115,6 +118,16 @@ def launch(args: list[str], *, workdir: Path | None = None, env: dict | None = N
         time.sleep(poll_s)
     server.stop(signal.SIGKILL)
     raise RuntimeError(f"gt-serve never became ready:\n{server.log()}")
+
+
+def _opener(tls_ca, tls_client) -> tuple[urllib.request.OpenerDirector, str]:
+    handlers: list = [urllib.request.ProxyHandler({})]  # loopback: never via a proxy
+    if tls_ca is None:
+        return urllib.request.build_opener(*handlers), "http"
+    ctx = ssl.create_default_context(cafile=str(tls_ca))
+    if tls_client is not None:
+        ctx.load_cert_chain(str(tls_client[0]), str(tls_client[1]))
+    return urllib.request.build_opener(*handlers, urllib.request.HTTPSHandler(context=ctx)), "https"
 
 
 def _read_ports(port_file: Path) -> dict | None:

@@ -80,6 +80,7 @@ class Caps:
     devices: tuple[Device, ...] = ()
     models: tuple[str, ...] = ()
     power_profile: Mapping[str, JsonValue] = field(default_factory=dict)
+    tls: bool = False  # the gRPC endpoint speaks TLS (absent on the wire = False: older nodes' caps stay valid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +154,8 @@ def to_wire(msg: Message) -> dict[str, Any]:
             models=list(msg.models),
             power_profile=dict(msg.power_profile),
         )
+        if msg.tls:
+            base["tls"] = True
     elif isinstance(msg, Telemetry):
         base.update(
             seq=msg.seq, ts=msg.ts_s, queue_depth=msg.queue_depth,
@@ -273,8 +276,11 @@ def _caps(obj: dict, node: str, epoch: int) -> Caps:
     profile = _extra(obj.get("power_profile", {}), "caps.power_profile", 0)
     if not isinstance(profile, dict):
         raise MessageError("caps.power_profile must be an object")
+    tls = obj.get("tls", False)
+    if not isinstance(tls, bool):
+        raise MessageError("caps.tls must be true or false")
     return Caps(node=node, epoch=epoch, endpoints=endpoints, devices=devices,
-                models=models, power_profile=profile)
+                models=models, power_profile=profile, tls=tls)
 
 
 def _device(value: object, where: str) -> Device:

@@ -6,6 +6,11 @@ one of them. The request's one deadline travels as the gRPC deadline: the peer g
 Failures are split into the client's fault (InvalidArgument: answered as is) and the peer's
 (PeerUnavailable: the caller re-routes). The peer token goes only to peers announced through
 authenticated telemetry (``verified``); others get the request without it.
+
+With cluster TLS (``tls``: the cluster CA, this node's certificate and key) every forward goes over
+mutual TLS: a peer whose certificate does not chain to the cluster CA (or does not name the advertised
+host) fails the handshake before a byte of the request or the token is sent, and is re-routed like
+any unavailable peer.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import numpy as np
 from ..core.dataplane import HOPS_PARAMETER
 from ..core.fleet_call import VISITED_PARAMETER, format_visited
 from ..errors import DeadlineExceeded, GtServeError, InvalidArgument, PeerUnavailable
+from ..tls import TlsFiles, pem_set
 from ..types import InferRequest, InferResponse, Tensor
 
 log = logging.getLogger(__name__)
@@ -27,17 +33,27 @@ _RESERVED = {"priority", "timeout", "sequence_id", "sequence_start", "sequence_e
 
 
 class PeerClient:
-    def __init__(self, token: str | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(self, token: str | None = None, timeout_s: float = 10.0, tls: TlsFiles | None = None) -> None:
         self._token = token
         self._timeout_s = timeout_s
         self._clients: dict[str, object] = {}
+        self._credentials = None
+        if tls is not None:  # files read and checked once, at start-up (ConfigError naming the file)
+            import grpc
+
+            pem = pem_set(tls, server=False)
+            self._credentials = grpc.ssl_channel_credentials(pem.root, pem.key, pem.cert)
+
+    @property
+    def tls(self) -> bool:
+        return self._credentials is not None
 
     def _client(self, endpoint: str):
         client = self._clients.get(endpoint)
         if client is None:
             import tritonclient.grpc.aio as grpcclient
 
-            client = self._clients[endpoint] = grpcclient.InferenceServerClient(endpoint)
+            client = self._clients[endpoint] = grpcclient.InferenceServerClient(endpoint, creds=self._credentials)
         return client
 
     async def forward(self, node: str, endpoint: str, request: InferRequest, deadline_s: float | None = None,

@@ -23,6 +23,7 @@ from urllib.parse import quote
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
+from ..tls import TlsFiles, server_context
 from .grpc import InferenceServicer, bearer_authorized, bearer_values
 from .h2 import H2Connection, H2Limits, H2Stream
 from .h2.frames import PREFACE, u32, unpack_u32
@@ -420,8 +421,11 @@ class NativeGrpcServer:
         if self._idle is not None and not any(c.active for c in self.connections):
             self._idle.set()
 
-    async def start(self, host: str, port: int) -> None:
-        self._server = await self.loop.create_server(lambda: GrpcConnection(self), host, port)
+    async def start(self, host: str, port: int, ssl_context=None) -> None:
+        """With `ssl_context` (ALPN h2, gt_serve/tls.py) the TLS handshake is bounded by handshake_timeout_s."""
+        handshake_s = self.limits.handshake_timeout_s if ssl_context is not None else None
+        self._server = await self.loop.create_server(lambda: GrpcConnection(self), host, port, ssl=ssl_context,
+                                                     ssl_handshake_timeout=handshake_s)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self, grace_s: float) -> None:
@@ -444,14 +448,15 @@ class NativeGrpcServer:
 async def start_grpc_native(dataplane, host: str, port: int, *, auth_token: str | None = None,
                             peer_token: str | None = None, max_message_bytes: int = 2**31 - 1,
                             max_connections: int = 1024, idle_timeout_s: float = 60.0,
-                            limits: H2Limits | None = None) -> NativeGrpcServer:
+                            limits: H2Limits | None = None, tls: TlsFiles | None = None) -> NativeGrpcServer:
     limits = limits or H2Limits()
     limits = replace(limits, max_message_bytes=max_message_bytes, max_connections=max_connections,
                      idle_timeout_s=idle_timeout_s, handshake_timeout_s=min(limits.handshake_timeout_s, idle_timeout_s),
                      frame_timeout_s=min(limits.frame_timeout_s, idle_timeout_s))
+    ssl_context = server_context(tls, ("h2",)) if tls is not None else None  # gRPC clients require ALPN h2
     server = NativeGrpcServer(dataplane, auth_token=auth_token, peer_token=peer_token, limits=limits)
     try:
-        await server.start(host.strip("[]"), port)
+        await server.start(host.strip("[]"), port, ssl_context)
     except OSError as exc:
         raise OSError(f"gRPC: cannot bind {host}:{port}: {exc.strerror}") from None
     return server

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import ssl
 from http import HTTPStatus
 from typing import Awaitable, Callable
 from urllib.parse import unquote
@@ -442,12 +443,15 @@ class HttpServer:
         self._all_closed: asyncio.Event | None = None
         self.port = 0
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> None:
+        """Listen on host:port; with `ssl_context` (gt_serve/tls.py), HTTPS: the TLS handshake must end within
+        header_timeout_s of the accept, and a connection counts against max_connections once it has."""
         self._loop = asyncio.get_running_loop()
         self._all_closed = asyncio.Event()
+        handshake_s = self._header_timeout_s if ssl_context is not None else None
         self._server = await self._loop.create_server(
-            lambda: _Connection(self), host, port, reuse_address=True, backlog=2048
-        )
+            lambda: _Connection(self), host, port, reuse_address=True, backlog=2048, ssl=ssl_context,
+            ssl_handshake_timeout=handshake_s)
         self.port = self._server.sockets[0].getsockname()[1]
 
     @property
