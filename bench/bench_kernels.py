@@ -11,7 +11,6 @@ device is missing.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -20,8 +19,11 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gt_serve.backends.numpy_backend import NumpyBackend  # noqa: E402
+
+from common import emit  # noqa: E402
 
 # (name, requests, rows per request, elements per row, dtype)
 CASES = [
@@ -30,10 +32,6 @@ CASES = [
     ("features_small", 512, 1, 64, np.float32),
     ("ids_int64", 256, 1, 128, np.int64),
 ]
-
-
-def emit(record: dict) -> None:
-    print(json.dumps(record), flush=True)
 
 
 def host_case(

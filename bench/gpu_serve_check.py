@@ -29,14 +29,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import common  # noqa: E402
+
 
 def emit(record: dict) -> dict:
-    print(json.dumps(record), flush=True)
+    """One JSON line, also appended to $OUT/gpu_serve.jsonl on the device machine."""
     out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "gpu_serve.jsonl"), "a") as f:
-            f.write(json.dumps(record) + "\n")
-    return record
+    return common.emit(record, os.path.join(out, "gpu_serve.jsonl") if out else None)
 
 
 def cuda_ready() -> str | None:

@@ -27,7 +27,7 @@ import aiomqtt  # noqa: E402
 from gt_serve.core.node_view import Health  # noqa: E402
 from gt_serve.edge import messages  # noqa: E402
 from gt_serve.edge.telemetry import BrokerSettings, TelemetryAgent  # noqa: E402
-from tests.integration.mosquitto import Mosquitto  # noqa: E402
+from gt_serve.testing.mosquitto import Mosquitto  # noqa: E402
 
 MAX_DURATION_S = 120.0
 MAX_NODES = 5000

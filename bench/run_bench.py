@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from gt_serve import model_builders as mb  # noqa: E402
 from gt_serve.launcher import launch  # noqa: E402
 
 import loadgen  # noqa: E402
+from common import emit  # noqa: E402
 import raw_ort  # noqa: E402
 import rawload  # noqa: E402
 
@@ -43,11 +43,6 @@ def build_repo(root: Path, batching: bool) -> Path:
             text = f'name: "{name}"\nmax_batch_size: 0\n'
         (root / name / "config.pbtxt").write_text(text)
     return root
-
-
-def emit(obj: dict) -> dict:
-    print(json.dumps(obj), flush=True)
-    return obj
 
 
 def main() -> None:

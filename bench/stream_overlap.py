@@ -12,18 +12,18 @@ line per case. Exits 0 with {"skipped": ...} when CuPy or a device is missing.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import emit  # noqa: E402
+
 # (matrix side, matmuls per lane per run)
 SIZES = [(256, 200), (1024, 50), (4096, 4)]
-
-
-def emit(record: dict) -> None:
-    print(json.dumps(record), flush=True)
 
 
 def load_cupy():  # noqa: ANN201 - the cupy module, or None with a reason

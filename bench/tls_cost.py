@@ -4,7 +4,7 @@ raw onnxruntime's own time per call of the same model as the floor. Also the cos
 connection (handshake + one request) against a fresh plaintext one, on HTTP.
 
 The clients run in this process (their CPU is not counted); the servers are real gt-serve processes on
-loopback, certificates made here (tests/tls_certs.py, EC P-256). Prints a table and one JSON line.
+loopback, certificates made here (gt_serve/testing/tls_certs.py, EC P-256). Prints a table and one JSON line.
 
     python bench/tls_cost.py --requests 3000 --concurrency 16 --transport native
 """
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gt_serve import model_builders as mb  # noqa: E402
 from gt_serve.launcher import launch  # noqa: E402
-from tests.tls_certs import TestCA  # noqa: E402
+from gt_serve.testing.tls_certs import TestCA  # noqa: E402
 
 _INFER = "/inference.GRPCInferenceService/ModelInfer"
 _HTTP_BODY = json.dumps({"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}

@@ -24,7 +24,7 @@ import numpy as np
 
 from gt_serve import model_builders as mb
 from gt_serve.launcher import ServerProcess, launch
-from tests.integration.mosquitto import Mosquitto
+from gt_serve.testing.mosquitto import Mosquitto
 
 PERIOD_S = 0.5
 KEEPALIVE_S = 1

@@ -21,7 +21,7 @@ import tritonclient.http as httpclient
 
 from tests.integration.cluster_nodes import (EdgeCluster, classifier_expected, peer_states, status,
                                              wait_for)
-from tests.integration.mosquitto import mosquitto_binary
+from gt_serve.testing.mosquitto import mosquitto_binary
 
 pytestmark = [
     pytest.mark.cluster,

@@ -5,7 +5,7 @@ telemetry goes to a real mosquitto over TLS with client certificates (telemetry.
 A peer whose gRPC certificate comes from another CA (an insider with the cluster key but no cluster
 certificate, or an impostor on a stolen address) never receives a request: the handshake fails on the
 forwarding side before anything is sent, and the request is served by another peer.
-Certificates are made at test time (tests/tls_certs.py); everything runs on loopback.
+Certificates are made at test time (gt_serve/testing/tls_certs.py); everything runs on loopback.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.cluster_nodes import EdgeCluster, status
 from gt_serve.testing.mosquitto import Mosquitto, mosquitto_binary
 from gt_serve.testing.mosquitto import TestPki as BrokerPki
-from tests.tls_certs import TestCA
+from gt_serve.testing.tls_certs import TestCA
 
 pytestmark = [
     pytest.mark.cluster,

@@ -26,7 +26,7 @@ from gt_serve.edge.auth import ClusterKeys
 from gt_serve.edge.peer_client import PeerClient
 from gt_serve.edge.telemetry import BrokerSettings, TelemetryAgent
 from tests.integration.cluster_nodes import EdgeCluster, peer_states, wait_for
-from tests.integration.mosquitto import Mosquitto, mosquitto_binary
+from gt_serve.testing.mosquitto import Mosquitto, mosquitto_binary
 
 pytestmark = [
     pytest.mark.cluster,

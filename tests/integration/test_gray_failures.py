@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.integration.cluster_nodes import EdgeCluster, peer_states, status, wait_for
-from tests.integration.mosquitto import mosquitto_binary
+from gt_serve.testing.mosquitto import mosquitto_binary
 
 pytestmark = [
     pytest.mark.cluster,
@@ -186,7 +186,7 @@ def test_partition_both_sides_keep_serving_and_rejoin_after_the_heal(tmp_path):
     reason = _netns_skip_reason()
     if reason:
         pytest.skip(f"partition test needs network namespaces: {reason}")
-    from tests.integration.mosquitto import Mosquitto
+    from gt_serve.testing.mosquitto import Mosquitto
     from tests.integration.netns import NetnsPair
 
     with NetnsPair("gtp") as net:

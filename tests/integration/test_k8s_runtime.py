@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 from gt_serve import model_builders as mb
 from gt_serve.launcher import launch
 from tests.conftest import start_server
-from tests.integration.mosquitto import Mosquitto, mosquitto_binary
+from gt_serve.testing.mosquitto import Mosquitto, mosquitto_binary
 
 TIMEOUT_S = 60.0
 GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds

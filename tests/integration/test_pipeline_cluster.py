@@ -1,4 +1,4 @@
-"""A pipeline across two nodes: the benchmark CNN split by gt_serve.shard, stage 0 on node a,
+"""A pipeline across two nodes: the benchmark CNN split by gt_serve.tools.shard, stage 0 on node a,
 stage 1 only on node b; the pipeline is addressed on a over HTTP and gRPC like a model and its
 answers equal the unsplit model run with onnxruntime here."""
 from __future__ import annotations
@@ -14,9 +14,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from gt_serve import model_builders as mb
-from gt_serve import shard
+from gt_serve.tools import shard
 from tests.integration.cluster_nodes import EdgeCluster, peer_states, wait_for
-from tests.integration.mosquitto import mosquitto_binary
+from gt_serve.testing.mosquitto import mosquitto_binary
 
 pytestmark = [
     pytest.mark.cluster,

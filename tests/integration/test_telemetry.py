@@ -18,7 +18,7 @@ import pytest_asyncio
 from gt_serve.core.node_view import Health, NodeView
 from gt_serve.edge import messages
 from gt_serve.edge.telemetry import BrokerSettings, TelemetryAgent
-from tests.integration.mosquitto import Mosquitto, free_port, make_test_pki, mosquitto_binary
+from gt_serve.testing.mosquitto import Mosquitto, free_port, make_test_pki, mosquitto_binary
 
 pytestmark = [
     pytest.mark.cluster,

@@ -1,7 +1,7 @@
 """Issue #15 item 3: TLS on the serving ports, the Triton way (--grpc-use-ssl, --grpc-server-cert/-key,
 --grpc-root-cert, --grpc-use-ssl-mutual, and the same for HTTP), on both gRPC transports.
 
-Real gt-serve processes, certificates made at test time (tests/tls_certs.py), real tritonclient with
+Real gt-serve processes, certificates made at test time (gt_serve/testing/tls_certs.py), real tritonclient with
 ssl=True, raw sockets for the plaintext-to-TLS and silent-client cases. Loopback only.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from gt_serve import model_builders as mb
 from gt_serve.launcher import launch
-from tests.tls_certs import TestCA
+from gt_serve.testing.tls_certs import TestCA
 
 pytestmark = pytest.mark.security
 

@@ -1,0 +1,112 @@
+"""What every benchmark here shares: one JSON line per record, and CPU / energy accounting from /proc and RAPL.
+
+    emit(record, jsonl_path=None)        print one JSON line (and append it to a file when asked)
+    tree_cpu_s(pid)                      utime+stime of a process, its threads and its live and reaped children
+    RaplMeter()                          package energy from /sys/class/powercap/intel-rapl:N/energy_uj, when readable
+    CpuEnergyWindow(pid, rapl)           both, before/after one load point
+
+bench/ never imports tests/: a benchmark starts what it needs itself (gt_serve.launcher, gt_serve.testing).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def emit(record: dict, jsonl_path: str | os.PathLike | None = None) -> dict:
+    """Print `record` as one JSON line; also append it to `jsonl_path` when given. Returns the record."""
+    line = json.dumps(record)
+    print(line, flush=True)
+    if jsonl_path:
+        with open(jsonl_path, "a") as f:
+            f.write(line + "\n")
+    return record
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (which may hold spaces); None when the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields is not None and int(fields[1]) == pid:  # fields[1] = ppid
+                kids.append(int(entry.name))
+    return kids
+
+
+def tree_cpu_s(pid: int, max_depth: int = 4) -> float:
+    """CPU seconds (user + system) of `pid` with all its threads, its reaped children (cutime, cstime) and
+    its live descendants up to `max_depth` levels (Triton's Python-backend stubs, a shell wrapper's child)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return 0.0
+    # after the name: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime
+    ticks = sum(int(x) for x in fields[11:15])
+    total = ticks / _TICKS_PER_S
+    if max_depth > 0:
+        total += sum(tree_cpu_s(child, max_depth - 1) for child in _children(pid))
+    return total
+
+
+class RaplMeter:
+    """Joules of the CPU packages from RAPL (`intel-rapl:N`, not its sub-zones), counting wrap-arounds;
+    `available` is False where powercap is absent or unreadable (containers, VMs, non-root)."""
+
+    def __init__(self, root: str = "/sys/class/powercap") -> None:
+        self.zones: list[tuple[Path, int]] = []
+        for zone in sorted(Path(root).glob("intel-rapl:*")) if Path(root).is_dir() else []:
+            if zone.name.count(":") != 1:
+                continue
+            try:
+                int((zone / "energy_uj").read_text())
+                wrap_uj = int((zone / "max_energy_range_uj").read_text())
+            except (OSError, ValueError):
+                continue
+            self.zones.append((zone / "energy_uj", wrap_uj))
+
+    @property
+    def available(self) -> bool:
+        return bool(self.zones)
+
+    def read_uj(self) -> list[int]:
+        return [int(path.read_text()) for path, _ in self.zones]
+
+    def joules_between(self, before_uj: list[int], after_uj: list[int]) -> float:
+        total_uj = 0
+        for (_, wrap_uj), b, a in zip(self.zones, before_uj, after_uj):
+            total_uj += a - b if a >= b else a + wrap_uj - b
+        return total_uj / 1e6
+
+
+@dataclass
+class CpuEnergyWindow:
+    """CPU seconds of a process tree and RAPL joules over one measured window: `start()`, then `stop()`."""
+
+    pid: int
+    rapl: RaplMeter | None = None
+    _cpu0_s: float = 0.0
+    _uj0: list[int] | None = None
+
+    def start(self) -> None:
+        self._cpu0_s = tree_cpu_s(self.pid)
+        self._uj0 = self.rapl.read_uj() if self.rapl is not None and self.rapl.available else None
+
+    def stop(self) -> dict:
+        """{"cpu_s": ..., "rapl_j": ... or None} since `start()`."""
+        cpu_s = tree_cpu_s(self.pid) - self._cpu0_s
+        joules = None
+        if self._uj0 is not None and self.rapl is not None:
+            joules = self.rapl.joules_between(self._uj0, self.rapl.read_uj())
+        return {"cpu_s": cpu_s, "rapl_j": joules}

@@ -1,0 +1,248 @@
+"""Performance the way Triton users measure it: NVIDIA's perf_analyzer (C++ client) against gt-serve, Triton
+(when installed) and raw onnxruntime in-process, in one run, with CPU and energy per inference (issue #17).
+
+Models: `mlp` (256-1024-1024-10 FP32) and `convnet` (VGG-style, 3x64x64, ~100 MFLOP), each with
+`max_batch_size 32`, `dynamic_batching { max_queue_delay_microseconds: 500 }`, one CPU instance; batch-1
+requests over HTTP and gRPC at concurrency 1, 16, 64 (by default). Per point: inf/s, p50/p99 (perf_analyzer's
+client-side latency), server CPU-seconds per inference (utime+stime of the server's whole process tree from
+/proc, before/after the point, divided by the server's own inference_count delta, so perf_analyzer's warm-up
+and trial windows are all counted) and RAPL joules per inference where /sys/class/powercap is readable.
+Raw onnxruntime: batch-1 latency and CPU per inference with 1 intra-op thread and with every core, and the
+best batched throughput. Prints JSON lines (also appended to --jsonl), then a table of ratios.
+
+    python bench/perf_sweep.py [--models mlp,convnet] [--protocols http,grpc] [--concurrency 1,16,64]
+                               [--interval-ms 2000] [--triton-venv PATH] [--jsonl out.jsonl] [--quick]
+
+perf_analyzer comes from bench/install-perf-analyzer.sh (idempotent; prints its wrapper's path), or --perf-analyzer.
+
+Triton 2.51 (optional), one-time setup: the nvidia-pytriton 0.7.0 wheel carries `tritonserver`, its Python
+backend and the backend stubs; the stub imports numpy and onnxruntime from the venv, so let the venv see them:
+    python3 -m venv --system-site-packages /opt/triton-venv
+    /opt/triton-venv/bin/pip install --no-deps nvidia-pytriton==0.7.0
+then pass --triton-venv /opt/triton-venv. Triton serves the same ONNX files through a Python-backend model
+(bench/triton_onnx_model.py: one onnxruntime session, dynamic batching by Triton).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import sweep_servers
+from common import CpuEnergyWindow, RaplMeter, emit
+
+from gt_serve import model_builders as mb
+from gt_serve.launcher import launch
+
+MODELS = {"mlp": ([256], lambda p: mb.mlp(p)), "convnet": ([3, 64, 64], lambda p: mb.cnn(p, head="dense"))}
+CONFIG = """name: "{name}"
+{platform}max_batch_size: 32
+input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ 10 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 500 }}
+"""
+
+
+def build_repo(root: Path, models: list[str], triton: bool) -> Path:
+    """The sweep's repository: ONNX files with their config.pbtxt (gt-serve) or behind Triton's Python backend."""
+    for name in models:
+        dims, build = MODELS[name]
+        onnx_path = root / name / "1" / "model.onnx"
+        build(onnx_path)
+        platform = 'backend: "python"\n' if triton else 'platform: "onnxruntime_onnx"\n'
+        (root / name / "config.pbtxt").write_text(CONFIG.format(name=name, platform=platform,
+                                                                dims=", ".join(map(str, dims))))
+        if triton:
+            shutil.copy(HERE / "triton_onnx_model.py", root / name / "1" / "model.py")
+    return root
+
+
+# -- raw onnxruntime ----------------------------------------------------------------------------------
+def raw_point(model_path: Path, dims: list[int], batch: int, threads: int, duration_s: float,
+              gap_s: float = 0.0) -> dict:
+    """session.run in this process, back to back or `gap_s` apart (requests arriving one at a time, as at one
+    client: caches and the thread pool go cold in between): latency percentiles, inf/s and CPU-seconds per
+    inference (process CPU time: the calling thread and onnxruntime's pool)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+    feed = {"INPUT": np.random.default_rng(0).standard_normal([batch, *dims]).astype(np.float32)}
+    for _ in range(10):
+        sess.run(None, feed)
+    lat_s: list[float] = []
+    pause = threading.Event()  # never set: wait(gap_s) is the idle time between two requests
+    cpu0_s, end_s = time.process_time(), time.perf_counter() + duration_s
+    while time.perf_counter() < end_s and len(lat_s) < 1_000_000:
+        t0 = time.perf_counter()
+        sess.run(None, feed)
+        lat_s.append(time.perf_counter() - t0)
+        if gap_s > 0:
+            pause.wait(gap_s)
+    cpu_s = time.process_time() - cpu0_s
+    inferences = len(lat_s) * batch
+    return {"server": "raw_onnxruntime", "batch": batch, "threads": threads, "gap_ms": gap_s * 1e3,
+            "runs": len(lat_s), "inferences_per_s": round(inferences / sum(lat_s), 1),
+            "p50_ms": round(float(np.percentile(lat_s, 50)) * 1e3, 3),
+            "p99_ms": round(float(np.percentile(lat_s, 99)) * 1e3, 3),
+            "cpu_ms_per_inference": round(cpu_s / inferences * 1e3, 4)}
+
+
+def raw_baseline(repo: Path, model: str, cores: int, duration_s: float, jsonl: str | None) -> dict:
+    """Batch 1 back to back with 1 thread and with every core, batch 1 paced 0.5 ms apart (1 thread), and the
+    best batched throughput over batch 8 and 32. The ratios use the back-to-back batch-1 CPU (the issue's
+    baseline); the paced point shows what the same run costs when requests come one at a time."""
+    dims, _ = MODELS[model]
+    path = repo / model / "1" / "model.onnx"
+    points = [emit({"model": model, **raw_point(path, dims, b, t, duration_s, gap)}, jsonl)
+              for b, t, gap in ((1, 1, 0.0), (1, cores, 0.0), (1, 1, 0.0005), (8, cores, 0.0), (32, cores, 0.0))]
+    batch1 = [p for p in points if p["batch"] == 1 and not p["gap_ms"]]
+    paced = next(p for p in points if p["gap_ms"])
+    return {"batch1_cpu_ms": min(p["cpu_ms_per_inference"] for p in batch1),
+            "batch1_p50_ms": min(p["p50_ms"] for p in batch1),
+            "paced_cpu_ms": paced["cpu_ms_per_inference"], "paced_p50_ms": paced["p50_ms"],
+            "best_inferences_per_s": max(p["inferences_per_s"] for p in points if not p["gap_ms"])}
+
+
+# -- perf_analyzer points ------------------------------------------------------------------------------
+def perf_analyzer_path(given: str | None) -> str:
+    if given:
+        return given
+    script = HERE / "install-perf-analyzer.sh"
+    if not script.exists():
+        sys.exit("bench/install-perf-analyzer.sh is missing: pass --perf-analyzer PATH")
+    out = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True, timeout=900)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def run_perf_analyzer(pa: str, url: str, protocol: str, model: str, concurrency: int, interval_ms: int,
+                      workdir: Path) -> dict:
+    csv_path = workdir / f"pa-{model}-{protocol}-{concurrency}-{time.monotonic_ns()}.csv"
+    cmd = [pa, "-m", model, "-u", url, "-i", protocol, "-b", "1", "--concurrency-range", f"{concurrency}:{concurrency}",
+           "--measurement-interval", str(interval_ms), "--max-trials", "5", "--stability-percentage", "100",
+           "-f", str(csv_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60 + 12 * interval_ms / 1000, check=False)
+    if proc.returncode != 0 or not csv_path.exists():
+        return {"error": f"perf_analyzer exited {proc.returncode}: {(proc.stdout + proc.stderr)[-600:]}"}
+    with open(csv_path) as f:
+        row = next(csv.DictReader(f))
+    return {"inferences_per_s": float(row["Inferences/Second"]), "p50_ms": int(row["p50 latency"]) / 1e3,
+            "p99_ms": int(row["p99 latency"]) / 1e3}
+
+
+def server_point(pa: str, srv: sweep_servers.Served, protocol: str, model: str, concurrency: int,
+                 interval_ms: int, rapl: RaplMeter, workdir: Path) -> dict:
+    """One perf_analyzer point with the server's CPU and energy over it, per inference the server counted."""
+    window = CpuEnergyWindow(srv.pid, rapl)
+    count0 = srv.inference_count(model)
+    window.start()
+    measured = run_perf_analyzer(pa, srv.url(protocol), protocol, model, concurrency, interval_ms, workdir)
+    used = window.stop()
+    inferences = max(1, srv.inference_count(model) - count0)
+    point = {"server": srv.label, "model": model, "protocol": protocol, "concurrency": concurrency, **measured,
+             "server_inferences": inferences,
+             "server_cpu_ms_per_inference": round(used["cpu_s"] / inferences * 1e3, 4)}
+    if used["rapl_j"] is not None:
+        point["rapl_mj_per_inference"] = round(used["rapl_j"] / inferences * 1e3, 3)
+    return point
+
+
+def sweep(pa: str, srv: sweep_servers.Served, a: argparse.Namespace, rapl: RaplMeter, workdir: Path) -> list[dict]:
+    points = []
+    for model in a.models:
+        for protocol in a.protocols:
+            for conc in a.concurrency:
+                points.append(emit(server_point(pa, srv, protocol, model, conc, a.interval_ms, rapl, workdir),
+                                   a.jsonl))
+    return points
+
+
+# -- report ---------------------------------------------------------------------------------------------
+def table(points: list[dict], raw: dict[str, dict]) -> str:
+    """One row per point: throughput, latency, CPU per inference, and ratios to raw onnxruntime (and Triton)."""
+    triton = {(p["model"], p["protocol"], p["concurrency"]): p for p in points if p["server"] == "triton"}
+    head = (f"{'server':9} {'model':8} {'proto':5} {'conc':>4} {'inf/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+            f"{'cpu ms/inf':>10} {'cpu/raw':>7} {'inf/s/raw':>9} {'inf/s/triton':>12} {'cpu/triton':>10}")
+    rows = [head, "-" * len(head)]
+    for p in points:
+        if "error" in p:
+            rows.append(f"{p['server']:9} {p['model']:8} {p['protocol']:5} {p['concurrency']:>4} {p['error'][:60]}")
+            continue
+        r, t = raw[p["model"]], triton.get((p["model"], p["protocol"], p["concurrency"]))
+        t_ok = t is not None and "error" not in t and p["server"] != "triton"
+        rows.append(
+            f"{p['server']:9} {p['model']:8} {p['protocol']:5} {p['concurrency']:>4} {p['inferences_per_s']:>8.0f} "
+            f"{p['p50_ms']:>7.3f} {p['p99_ms']:>7.3f} {p['server_cpu_ms_per_inference']:>10.4f} "
+            f"{p['server_cpu_ms_per_inference'] / r['batch1_cpu_ms']:>7.2f} "
+            f"{p['inferences_per_s'] / r['best_inferences_per_s']:>9.2f} "
+            f"{(p['inferences_per_s'] / t['inferences_per_s']) if t_ok else float('nan'):>12.2f} "
+            f"{(p['server_cpu_ms_per_inference'] / t['server_cpu_ms_per_inference']) if t_ok else float('nan'):>10.2f}")
+    for model, r in raw.items():
+        rows.append(f"raw onnxruntime {model}: batch-1 p50 {r['batch1_p50_ms']:.3f} ms, "
+                    f"CPU {r['batch1_cpu_ms']:.4f} ms/inf (paced 0.5 ms apart: p50 {r['paced_p50_ms']:.3f} ms, "
+                    f"CPU {r['paced_cpu_ms']:.4f} ms/inf); best batched {r['best_inferences_per_s']:.0f} inf/s")
+    return "\n".join(rows)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="mlp,convnet")
+    p.add_argument("--protocols", default="http,grpc")
+    p.add_argument("--concurrency", default="1,16,64")
+    p.add_argument("--interval-ms", type=int, default=2000, help="perf_analyzer measurement window")
+    p.add_argument("--raw-duration", type=float, default=3.0, help="seconds per raw onnxruntime point")
+    p.add_argument("--perf-analyzer", help="perf_analyzer binary or wrapper (default: bench/install-perf-analyzer.sh)")
+    p.add_argument("--triton-venv", help="venv holding nvidia-pytriton 0.7.0 (see the docstring); omit: no Triton")
+    p.add_argument("--gt-config", help="extra gt-serve YAML config (--config)")
+    p.add_argument("--jsonl", help="also append every JSON line to this file")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 s windows, 1 s raw points")
+    a = p.parse_args()
+    a.models = [m for m in a.models.split(",") if m]
+    unknown = set(a.models) - set(MODELS)
+    if unknown:
+        p.error(f"unknown model(s) {sorted(unknown)}; known: {sorted(MODELS)}")
+    a.protocols = [x for x in a.protocols.split(",") if x]
+    a.concurrency = [int(x) for x in a.concurrency.split(",") if x]
+    if a.quick:
+        a.interval_ms, a.raw_duration = 1000, 1.0
+    return a
+
+
+def main() -> None:
+    a = parse_args()
+    pa = perf_analyzer_path(a.perf_analyzer)
+    tmp = Path(tempfile.mkdtemp(prefix="gt_perf_sweep_"))
+    rapl = RaplMeter()
+    cores = len(os.sched_getaffinity(0))
+    repo = build_repo(tmp / "gt_repo", a.models, triton=False)
+    emit({"sweep": "perf_analyzer", "date": time.strftime("%Y-%m-%d"), "cores": cores,
+          "cpu": sweep_servers.cpu_model(), "rapl": rapl.available, "perf_analyzer": pa}, a.jsonl)
+    raw = {m: raw_baseline(repo, m, cores, a.raw_duration, a.jsonl) for m in a.models}
+    points: list[dict] = []
+    if a.triton_venv:
+        triton_repo = build_repo(tmp / "triton_repo", a.models, triton=True)
+        with sweep_servers.triton(Path(a.triton_venv), triton_repo, tmp) as srv:
+            points += sweep(pa, srv, a, rapl, tmp)
+    args = ["--model-repository", str(repo)] + (["--config", a.gt_config] if a.gt_config else [])
+    with sweep_servers.gt_serve(launch(args, workdir=tmp)) as srv:
+        points += sweep(pa, srv, a, rapl, tmp)
+    print(table(points, raw), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""The servers bench/perf_sweep.py measures, behind one small handle: ports, pid, inference counts, stop.
+
+gt-serve comes from gt_serve.launcher; Triton 2.51 from the nvidia-pytriton 0.7.0 wheel in a venv (see
+perf_sweep.py's docstring), started on free loopback ports with its Python backend.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+
+
+@dataclass
+class Served:
+    label: str
+    pid: int
+    http_port: int
+    grpc_port: int
+
+    def url(self, protocol: str) -> str:
+        return f"127.0.0.1:{self.http_port if protocol == 'http' else self.grpc_port}"
+
+    def inference_count(self, model: str) -> int:
+        """The server's own count (V2 statistics extension), summed over versions."""
+        with _OPENER.open(f"http://127.0.0.1:{self.http_port}/v2/models/{model}/stats", timeout=10) as r:
+            stats = json.load(r)
+        return sum(int(s.get("inference_count", 0)) for s in stats.get("model_stats", []))
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+@contextlib.contextmanager
+def gt_serve(server) -> Iterator[Served]:
+    try:
+        yield Served("gt_serve", server.pid, server.ports["http"], server.ports["grpc"])
+    finally:
+        server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(url: str, alive: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive():
+        try:
+            with _OPENER.open(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)  # polling a child server's start-up, re-checked each turn
+    raise RuntimeError(f"server never became ready at {url}")
+
+
+def triton_home(venv: Path) -> Path:
+    """`pytriton/tritonserver` inside the venv, with this Python's backend stub where the Python backend looks."""
+    homes = sorted(venv.glob("lib/python3*/site-packages/pytriton/tritonserver"))
+    if not homes:
+        raise SystemExit(f"no pytriton/tritonserver in {venv} (pip install --no-deps nvidia-pytriton==0.7.0)")
+    home = homes[0]
+    stub = home / "backends" / "python" / "triton_python_backend_stub"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if not stub.exists():
+        shutil.copy(home / "python_backend_stubs" / version / "triton_python_backend_stub", stub)
+        stub.chmod(0o755)
+    return home
+
+
+@contextlib.contextmanager
+def triton(venv: Path, repo: Path, workdir: Path, timeout_s: float = 120.0) -> Iterator[Served]:
+    home = triton_home(venv)
+    http, grpc, metrics = _free_port(), _free_port(), _free_port()
+    env = dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+    cmd = [str(home / "bin" / "tritonserver"), "--model-repository", str(repo), "--backend-directory",
+           str(home / "backends"), "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+           "--metrics-address", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc),
+           "--metrics-port", str(metrics), "--log-verbose", "0"]
+    with open(workdir / "triton.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(workdir))
+    try:
+        _wait_ready(f"http://127.0.0.1:{http}/v2/health/ready", lambda: proc.poll() is None, timeout_s)
+        yield Served("triton", proc.pid, http, grpc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
