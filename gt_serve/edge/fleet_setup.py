@@ -47,3 +47,28 @@ def build_outliers(cfg: Config) -> OutlierDetector:
         consecutive_failures=c.eject_after_failures, slow_factor=c.slow_factor, min_slow_s=c.slow_min_s,
         unknown_slow_s=max(c.slow_min_s, 1.0), base_ejection_s=c.ejection_s,
         max_ejection_s=max(c.ejection_s, 30.0)))
+
+
+def build_placement_loop(cfg: Config, *, registry: Any, view: NodeView, peer_client: Any, energy: Any):
+    """The placement loop (issue #18) when `placement.enabled`; None otherwise. A node outside explicit
+    model-control mode still places replicas on peers but cannot receive any (said once, here)."""
+    if not cfg.placement.enabled:
+        return None
+    from .placement_loop import PlacementLoop
+
+    if cfg.server.model_control_mode != "explicit":
+        log.warning("placement: this node is in model-control mode '%s': it places replicas on peers but "
+                    "peers cannot place any here (that needs --model-control-mode explicit)",
+                    cfg.server.model_control_mode)
+
+    def energy_j(model: str) -> float:
+        try:
+            loaded = registry.get(model)
+            lanes = getattr(loaded.executor, "lanes", None) or ()
+            return energy.model.dynamic_j(model, lanes[0].device if lanes else "cpu", 1)
+        except Exception:  # no curve yet: unknown, any peer may do
+            return float("inf")
+
+    loop = PlacementLoop(cfg.node_name, cfg.placement, registry, view, peer_client, energy_j)
+    loop.start()
+    return loop

@@ -11,6 +11,10 @@ With cluster TLS (``tls``: the cluster CA, this node's certificate and key) ever
 mutual TLS: a peer whose certificate does not chain to the cluster CA (or does not name the advertised
 host) fails the handshake before a byte of the request or the token is sent, and is re-routed like
 any unavailable peer.
+
+A traced request (core/trace_context.CURRENT_TRACE, set by the front end) is forwarded with a W3C
+`traceparent` naming its `forward PEER` span (and the client's `tracestate`), so the peer's spans join
+the same trace; the forward's time and outcome are noted on the request's trace.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import numpy as np
 
 from ..core.dataplane import HOPS_PARAMETER
 from ..core.fleet_call import VISITED_PARAMETER, format_visited
+from ..core.trace_context import CURRENT_TRACE
 from ..errors import DeadlineExceeded, GtServeError, InvalidArgument, PeerUnavailable
 from ..tls import TlsFiles, pem_set
 from ..types import InferRequest, InferResponse, Tensor
@@ -59,7 +64,6 @@ class PeerClient:
     async def forward(self, node: str, endpoint: str, request: InferRequest, deadline_s: float | None = None,
                       visited: frozenset[str] = frozenset(), verified: bool = False) -> InferResponse:
         import tritonclient.grpc.aio as grpcclient
-        from tritonclient.utils import InferenceServerException
 
         inputs = []
         for t in request.inputs:
@@ -81,6 +85,30 @@ class PeerClient:
         if timeout_s <= 0:
             raise DeadlineExceeded(f"request for model '{request.model_name}' expired before forwarding")
         headers = self._headers(verified)
+        trace = CURRENT_TRACE.get()
+        if trace is not None:
+            return await self._forward_traced(trace, node, endpoint, request, inputs, outputs, params, timeout_s,
+                                              headers)
+        return await self._infer(node, endpoint, request, inputs, outputs, params, timeout_s, headers)
+
+    async def _forward_traced(self, trace, node: str, endpoint: str, request: InferRequest, inputs, outputs,
+                              params: dict, timeout_s: float, headers: dict | None) -> InferResponse:
+        record = trace.begin_forward(node, endpoint)
+        headers = {**(headers or {}), "traceparent": trace.traceparent_for(record)}
+        if trace.tracestate:
+            headers["tracestate"] = trace.tracestate
+        try:
+            response = await self._infer(node, endpoint, request, inputs, outputs, params, timeout_s, headers)
+        except BaseException as exc:
+            record.end(str(exc.code.value) if isinstance(exc, GtServeError) else type(exc).__name__)
+            raise
+        record.end()
+        return response
+
+    async def _infer(self, node: str, endpoint: str, request: InferRequest, inputs, outputs, params: dict,
+                     timeout_s: float, headers: dict | None) -> InferResponse:
+        from tritonclient.utils import InferenceServerException
+
         try:
             result = await self._client(endpoint).infer(
                 request.model_name, inputs, model_version=request.model_version, outputs=outputs,
@@ -130,6 +158,30 @@ class PeerClient:
         metadata = {"name": meta.name, "versions": list(meta.versions), "platform": meta.platform,
                     "inputs": tensors(meta.inputs), "outputs": tensors(meta.outputs)}
         return StageInfo(metadata, config.config)
+
+    async def load_replica(self, node: str, endpoint: str, model: str, config_json: str,
+                           files: dict[str, bytes], verified: bool = False) -> str:
+        """Ask a peer to load `model` (placement loop): by name when the peer's repository has it, else
+        from `config_json` + `files` ("file:<version>/<name>" -> bytes) streamed in the request. The peer
+        must be in explicit model-control mode; the peer token authenticates the call. Returns the
+        source used ("repository" or "streamed"); PeerUnavailable on any failure."""
+        from tritonclient.utils import InferenceServerException
+
+        headers = self._headers(verified)
+        client = self._client(endpoint)
+        try:
+            index = await client.get_model_repository_index(headers=headers, client_timeout=self._timeout_s)
+            if any(m.name == model for m in index.models):
+                await client.load_model(model, headers=headers, client_timeout=self._timeout_s)
+                return "repository"
+            await client.load_model(model, headers=headers, config=config_json, files=files,
+                                    client_timeout=self._timeout_s)
+            return "streamed"
+        except InferenceServerException as exc:
+            raise PeerUnavailable(f"peer '{node}' ({endpoint}) cannot load '{model}': {exc.message()}", node) from None
+        except Exception as exc:  # connection reset, channel closed, ...
+            raise PeerUnavailable(f"peer '{node}' ({endpoint}) cannot load '{model}': "
+                                  f"{type(exc).__name__}: {exc}", node) from None
 
     async def drop(self, endpoint: str) -> None:
         client = self._clients.pop(endpoint, None)

@@ -139,3 +139,40 @@ def test_bad_scenarios() -> None:
         scenario_from_dict({"model": "m", "devices": [{"name": "x"}], "trace": {"kind": "poisson"}})
     with pytest.raises(ConfigError):
         load_scenario("/nonexistent/scenario.yaml")
+
+
+# ---- placement (issue #18): static hand placement vs the placement loop, same hardware and demand ----
+
+def test_placement_loop_beats_static_placement_by_the_target_margin() -> None:
+    from gt_serve.tools.sim.placement import load_placement_scenario, run_placement
+
+    static, loop = run_placement(load_placement_scenario())  # seeded: the same day for both
+    assert static.requests == loop.requests > 100_000
+    assert static.loads == static.unloads == 0
+    assert loop.loads >= 1  # a replica placed for the evening peak
+    fewer_misses = static.missed >= 2 * loop.missed
+    less_energy = loop.joules_per_inference <= 0.8 * static.joules_per_inference
+    assert fewer_misses or less_energy, (static.to_json(), loop.to_json())
+    assert loop.joules_per_inference < static.joules_per_inference
+
+
+def test_placement_cli_prints_both_modes_and_the_ratios() -> None:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["--placement", "both", "--seed", "2"]) == 0
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [line.get("placement") for line in lines[:2]] == ["static", "loop"]
+    assert lines[2]["slo_miss_ratio"] >= 2.0
+    for line in lines[:2]:
+        assert 0 < line["slo_attainment"] <= 1 and line["joules_per_inference"] > 0
+
+
+def test_placement_scenario_errors_name_the_problem(tmp_path: Path) -> None:
+    from gt_serve.tools.sim.placement import PlacementSim, load_placement_scenario
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: placement\nnodes: []\n")
+    with pytest.raises(ConfigError, match="bad placement scenario"):
+        load_placement_scenario(bad)
+    with pytest.raises(ConfigError, match="placement mode"):
+        PlacementSim(load_placement_scenario(), "random")
