@@ -48,6 +48,15 @@ def scale(path: Path, factor: float = 2.0, width: int = 4) -> None:
     _save(helper.make_graph([node], "scale", [inp], [out], initializer=[k]), path)
 
 
+def add_pair(path: Path, width: int = 4) -> None:
+    """FP32 A, B [B, width] -> SUM = A + B (the join of a diamond-shaped ensemble)."""
+    from onnx import TensorProto, helper
+
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", width]) for n in ("A", "B")]
+    out = helper.make_tensor_value_info("SUM", TensorProto.FLOAT, ["batch", width])
+    _save(helper.make_graph([helper.make_node("Add", ["A", "B"], ["SUM"])], "add_pair", inputs, [out]), path)
+
+
 def add_one_fixed(path: Path, width: int = 4) -> None:
     """FP32 INPUT [width] (no batch dimension) -> OUTPUT = INPUT + 1."""
     from onnx import TensorProto, helper

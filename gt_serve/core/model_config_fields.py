@@ -14,13 +14,13 @@ from ..errors import ConfigError
 
 HONOURED, REFUSED, IGNORED, PARTIAL = "honoured", "refused", "ignored", "partial"
 
-_ENSEMBLE = "ensembles are not supported yet"
+_ENSEMBLE_ONLY = "platform 'ensemble' only: steps checked as a DAG at load (core/ensemble.py)"
 _TRT = "a TensorRT-backend setting; the onnxruntime backend does not read it"
 
 # path -> (class, why); a refused field is refused when set to anything but its default
 FIELDS: dict[str, tuple[str, str]] = {
     "name": (HONOURED, "must match the model directory"),
-    "platform": (HONOURED, "onnxruntime_onnx only; 'ensemble' and others are refused"),
+    "platform": (HONOURED, "onnxruntime_onnx, or 'ensemble' with ensemble_scheduling; others are refused"),
     "backend": (HONOURED, "onnxruntime only"),
     "runtime": (HONOURED, "empty or the onnxruntime backend's library only"),
     "version_policy": (HONOURED, "latest / all / specific"),
@@ -63,7 +63,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "dynamic_batching.default_queue_policy": (HONOURED, "timeout, timeout action, override, queue size"),
     "dynamic_batching.priority_queue_policy": (REFUSED, "one queue policy per model; no per-level policies"),
     "sequence_batching": (REFUSED, "sequence batching (stateful models) is not implemented"),
-    "ensemble_scheduling": (REFUSED, _ENSEMBLE),
+    "ensemble_scheduling": (HONOURED, _ENSEMBLE_ONLY),
     "instance_group": (PARTIAL, ""),
     "instance_group.name": (IGNORED, "a label"),
     "instance_group.kind": (HONOURED, "KIND_CPU, KIND_GPU (needs GPU lanes), KIND_AUTO; KIND_MODEL refused"),
@@ -125,10 +125,27 @@ def check_fields(cfg: mc.ModelConfig, name: str) -> None:
     _check_values(cfg, name)
 
 
+# what an ensemble's config may set (Triton: the steps' own configs say how each step runs)
+ENSEMBLE_FIELDS = frozenset({"name", "platform", "backend", "version_policy", "max_batch_size", "input.name",
+                             "input.data_type", "input.dims", "input.format", "output.name", "output.data_type",
+                             "output.dims", "output.label_filename", "ensemble_scheduling"})
+
+
+def check_ensemble_fields(cfg: mc.ModelConfig, name: str) -> None:
+    """An ensemble's config: only the fields that apply to an ensemble, and at least one step."""
+    for path, _ in set_fields(cfg):
+        if path not in ENSEMBLE_FIELDS:
+            raise ConfigError(f"ensemble '{name}': config field '{path}' does not apply to an ensemble (each step "
+                              "model's own config says how the step runs)")
+    if not cfg.ensemble_scheduling.step:
+        raise ConfigError(f"ensemble '{name}': platform 'ensemble' needs ensemble_scheduling with at least one step")
+
+
 def _check_values(cfg: mc.ModelConfig, name: str) -> None:
     """Honoured fields whose values gt_serve only partly implements."""
-    if cfg.platform == "ensemble" or cfg.backend == "ensemble":
-        raise ConfigError(f"model '{name}': platform 'ensemble' is not supported yet ({_ENSEMBLE})")
+    if cfg.platform == "ensemble" or cfg.backend == "ensemble" or cfg.HasField("ensemble_scheduling"):
+        raise ConfigError(f"model '{name}': ensemble_scheduling and platform 'ensemble' go together (an ensemble "
+                          "has ensemble_scheduling steps and no model file)")
     if cfg.platform and cfg.platform != "onnxruntime_onnx":
         raise ConfigError(f"model '{name}': config field 'platform' is '{cfg.platform}': only onnxruntime_onnx "
                           "is supported")

@@ -1,4 +1,4 @@
-"""Pipelines: a model split into ordered stages (see gt_serve.shard), served as one model.
+"""Pipelines: a model split into ordered stages (see gt_serve.tools.shard), served as one model.
 
 Stage i's outputs feed stage i+1's inputs by tensor name. The pipeline keeps every tensor it has
 seen (the request's inputs and each stage's outputs), so a stage may also read a graph input or an
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from ..errors import GtServeError, InvalidArgument, ModelNotFound, PeerUnavailable, Unavailable
-from ..types import InferRequest, InferResponse
+from ..types import InferRequest, InferResponse, Tensor
+from .ensemble import run_dag, step_request
 
 PIPELINE_PLATFORM = "pipeline"
 SERVED_BY_PARAMETER = "gt_served_by"
@@ -102,23 +103,21 @@ class PipelineSet:
 
     # -- inference ------------------------------------------------------------------------------
     async def infer(self, request: InferRequest) -> InferResponse:
+        """The stages as a linear DAG on the ensemble engine (core/ensemble.run_dag): a stage starts when
+        the tensors it reads exist, so a stage that reads only request inputs need not wait."""
         p = self._get(request.model_name, request.model_version)
         infos = [await self._info(p, i) for i in range(len(p.stages))]
         wanted = {n for info in infos for n in info.input_names}
         for t in request.inputs:
             if t.name not in wanted:
                 raise InvalidArgument(f"unexpected inference input '{t.name}' for pipeline '{p.name}'")
-        pool = {t.name: t for t in request.inputs}
-        served_by: list[str] = []
-        last = len(p.stages) - 1
-        for i, (stage, info) in enumerate(zip(p.stages, infos)):
-            missing = [n for n in info.input_names if n not in pool]
-            if missing:
-                raise InvalidArgument(f"pipeline '{p.name}' stage {i} ('{stage}') needs input(s) {missing}: "
-                                      "neither the request nor an earlier stage provides them")
-            sub = InferRequest(stage, "", request.id, [pool[n] for n in info.input_names],
-                               request.outputs if i == last else None, dict(request.parameters),
-                               request.deadline_s, request.priority, request.hops)
+        reads = self._linear_reads(p, infos, {t.name for t in request.inputs})
+        served_by, last, answer = [self._node] * len(p.stages), len(p.stages) - 1, []
+
+        async def run_stage(i: int, pool: Mapping[str, Tensor]) -> dict[str, Tensor]:
+            stage = p.stages[i]
+            sub = step_request(request, stage, "", [_renamed(pool[key], n) for n, key in reads[i]],
+                               request.outputs if i == last else None)
             try:
                 response = await self._infer(sub)
             except GtServeError as exc:
@@ -126,13 +125,28 @@ class PipelineSet:
                     self._remote.pop(stage, None)  # the stage may have changed shape: ask again next time
                 exc.message = f"pipeline '{p.name}' stage {i} ('{stage}'): {exc.message}"
                 raise
-            served_by.append(str(response.parameters.get(SERVED_BY_PARAMETER, self._node)))
+            served_by[i] = str(response.parameters.get(SERVED_BY_PARAMETER, self._node))
             if i == last:
-                return InferResponse(p.name, "1", request.id, response.outputs,
-                                     {STAGES_SERVED_BY_PARAMETER: ",".join(served_by)})
-            for t in response.outputs:
-                pool[t.name] = t
-        raise AssertionError("unreachable: a pipeline has at least one stage")
+                answer.append(response)
+            return {_produced(t.name, i): t for t in response.outputs} if i != last else {}
+
+        await run_dag([[key for _, key in r] for r in reads], {t.name: t for t in request.inputs}, run_stage)
+        return InferResponse(p.name, "1", request.id, answer[0].outputs, {STAGES_SERVED_BY_PARAMETER: ",".join(served_by)})
+
+    @staticmethod
+    def _linear_reads(p: Pipeline, infos: list[StageInfo], given: set[str]) -> list[list[tuple[str, str]]]:
+        """Per stage, (its input, the pool key it reads): the latest earlier stage giving that name, else
+        the request's tensor; a name neither provides is the client's error, found before any stage runs."""
+        latest: dict[str, str] = {n: n for n in given}
+        reads = []
+        for i, (stage, info) in enumerate(zip(p.stages, infos)):
+            missing = [n for n in info.input_names if n not in latest]
+            if missing:
+                raise InvalidArgument(f"pipeline '{p.name}' stage {i} ('{stage}') needs input(s) {missing}: "
+                                      "neither the request nor an earlier stage provides them")
+            reads.append([(n, latest[n]) for n in info.input_names])
+            latest.update({t["name"]: _produced(t["name"], i) for t in info.metadata.get("outputs", ())})
+        return reads
 
     # -- stage descriptions -------------------------------------------------------------------------
     def _get(self, name: str, version: str) -> Pipeline:
@@ -162,3 +176,12 @@ class PipelineSet:
             return info
         raise Unavailable(f"pipeline '{p.name}': stage {index} ('{stage}') is not ready here and no live peer "
                           "serves it" + (": " + "; ".join(failures) if failures else ""))
+
+
+def _produced(name: str, stage: int) -> str:
+    """The pool key of tensor `name` given by `stage` (a later stage may give the same name again)."""
+    return f"{name}\x00{stage}"
+
+
+def _renamed(t: Tensor, name: str) -> Tensor:
+    return t if t.name == name else Tensor(name, t.datatype, t.shape, t.data)

@@ -16,6 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import (Code, GtServeError, Internal, InvalidArgument, InvalidModelFile, ModelNotFound, PathNotAllowed,
                       Unavailable)
+from .ensemble import EnsemblePlan, Step, is_ensemble, load_step_models, prepare_ensemble
 from .model_config import (Describe, ModelSpec, complete_config, config_mentions_batching, parse_json_override,
                            parse_pbtxt, spec_from_config)
 from .repository_paths import NAME_RULE, UploadArea, check_config_paths, confine, is_plain_name, shown
@@ -40,6 +41,7 @@ class LoadedModel:
     providers: list = field(default_factory=list)  # execution providers its sessions really got
     state: str = LOADING
     reason: str = ""
+    ensemble: EnsemblePlan | None = None  # an ensemble (core/ensemble.py): no executor, its steps run
 
 
 class ModelHost(Protocol):
@@ -59,6 +61,7 @@ class ModelEntry:
     latest: LoadedModel | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     uploaded: bool = False  # its versions came from files uploaded with the load request
+    loaded_along: tuple[str, ...] = ()  # an ensemble's step models its load loaded (unload_dependents)
 
 
 class ModelRegistry:
@@ -89,10 +92,22 @@ class ModelRegistry:
         return model
 
     def ready(self, name: str, version: str = "") -> bool:
+        """READY; an ensemble also needs each step model ready (acyclic: checked when it loaded)."""
         try:
-            return self.get(name, version).state == READY
+            model = self.get(name, version)
         except GtServeError:
             return False
+        return model.state == READY and (model.ensemble is None or self._step_not_ready(model.ensemble) is None)
+
+    def _step_not_ready(self, plan: EnsemblePlan) -> Step | None:
+        return next((s for s in plan.steps if not self.ready(s.model, s.version)), None)
+
+    def ensemble_of(self, name: str, version: str = "") -> LoadedModel | None:
+        """The loaded ensemble `name` (hot path: one lookup), None for anything else; never raises."""
+        entry = self._entries.get(name)
+        if entry is None or entry.latest is None or entry.latest.ensemble is None:
+            return None
+        return entry.versions.get(version) if version else entry.latest
 
     def loaded(self) -> list[LoadedModel]:
         return [m for e in self._entries.values() for m in e.versions.values()]
@@ -131,13 +146,18 @@ class ModelRegistry:
                 rows.append({"name": name, "version": "", "state": state, "reason": reason})
                 continue
             for version, model in sorted(entry.versions.items(), key=lambda kv: int(kv[0])):
-                if ready_only and model.state != READY:
+                state, reason = model.state, model.reason
+                step = self._step_not_ready(model.ensemble) if model.ensemble and state == READY else None
+                if step is not None:
+                    state, reason = UNAVAILABLE, f"{step.label} is not ready"
+                if ready_only and state != READY:
                     continue
-                rows.append({"name": name, "version": version, "state": model.state, "reason": model.reason})
+                rows.append({"name": name, "version": version, "state": state, "reason": reason})
         return rows
 
     # -- load / unload --------------------------------------------------------------------------
-    async def load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
+    async def load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None, *,
+                   _chain: tuple[str, ...] = ()) -> None:
         if not is_plain_name(name):
             if files:
                 raise PathNotAllowed(f"failed to load '{shown(name)}': invalid model name ({NAME_RULE})")
@@ -155,6 +175,7 @@ class ModelRegistry:
                 if files:
                     model_dir = upload_dir = await asyncio.to_thread(self._uploads.write, name, files)
                 entry.state, entry.reason = LOADING, ""
+                along = await self._load_steps(name, model_dir, config_json, _chain + (name,))
                 new_versions = await asyncio.to_thread(self._open_versions, name, model_dir, config_json)
             except BaseException as exc:
                 error = _load_error(name, exc)
@@ -167,7 +188,8 @@ class ModelRegistry:
                     self._uploads.remove(upload_dir)
             old = list(entry.versions.values())
             entry.versions = new_versions
-            entry.latest = new_versions[max(new_versions, key=int)]
+            entry.latest, entry.loaded_along = new_versions[max(new_versions, key=int)], tuple({**dict.fromkeys(
+                entry.loaded_along), **dict.fromkeys(along)})
             entry.state, entry.reason, entry.uploaded = READY, "", upload_dir is not None
             for model in new_versions.values():
                 model.state = READY
@@ -175,18 +197,21 @@ class ModelRegistry:
                 await self._close(model, "unloaded (replaced by a reload)")
         log.info("loaded model %s versions %s", name, ",".join(sorted(new_versions, key=int)))
 
+    async def _load_steps(self, name: str, model_dir: Path, config_json: str | None,
+                          chain: tuple[str, ...]) -> tuple[str, ...]:
+        """An ensemble's step models not loaded yet, loaded first (as Triton does); () for a plain model.
+        `chain`: the ensembles whose loads led here, this one last (load's `_chain`: a cycle is refused)."""
+        base, _ = _read_config(name, model_dir, config_json)
+        if not is_ensemble(base):
+            return ()
+        return await load_step_models(base, chain, is_loaded=self.is_loaded, load=self.load,
+                                      in_repository=lambda m: is_plain_name(m) and (self.repository / m).is_dir())
+
     def _open_versions(self, name: str, model_dir: Path, config_json: str | None) -> dict[str, LoadedModel]:
-        pbtxt = model_dir / "config.pbtxt"
-        if config_json is not None:
-            base = parse_json_override(config_json, name)
-            explicit = '"max_batch_size"' in config_json or "max_batch_size" in config_json
-        elif pbtxt.is_file():
-            text = pbtxt.read_text()
-            base = parse_pbtxt(text, f"model '{name}' config.pbtxt")
-            explicit = config_mentions_batching(text)
-        else:
-            base, explicit = mc.ModelConfig(), False
+        base, explicit = _read_config(name, model_dir, config_json)
         check_config_paths(base, name)
+        if is_ensemble(base):
+            return self._open_ensemble(name, model_dir, base)
         filename = base.default_model_filename or "model.onnx"
         available = sorted((int(p.name) for p in model_dir.iterdir()
                             if p.is_dir() and p.name.isascii() and p.name.isdigit() and (p / filename).is_file()), reverse=True)
@@ -216,6 +241,27 @@ class ModelRegistry:
             raise InvalidArgument(f"{type(exc).__name__}: {_without_dir(str(exc), model_dir)}") from None
         return opened
 
+    def _open_ensemble(self, name: str, model_dir: Path, cfg: mc.ModelConfig) -> dict[str, LoadedModel]:
+        """Triton's layout: an empty version directory; the plan checked against the loaded step models."""
+        def step_spec(step: Step):
+            try:
+                return self.get(step.model, step.version).spec
+            except GtServeError as exc:
+                raise InvalidArgument(f"ensemble '{name}': {step.label}: {exc.message}") from None
+
+        def plan_of(model: str) -> EnsemblePlan | None:
+            entry = self._entries.get(model)
+            return entry.latest.ensemble if entry is not None and entry.latest is not None else None
+
+        plan = prepare_ensemble(cfg, name, step_spec, plan_of)
+        available = sorted((int(p.name) for p in model_dir.iterdir()
+                            if p.is_dir() and p.name.isascii() and p.name.isdigit()), reverse=True)
+        if not available:
+            raise InvalidArgument(f"ensemble '{name}': no version directory (Triton's layout: an empty '{name}/1/')")
+        spec = spec_from_config(cfg, model_dir)
+        return {str(v): LoadedModel(name, str(v), model_dir / str(v), cfg, spec, ModelStats(name, str(v)),
+                                    ensemble=plan) for v in _apply_version_policy(cfg, available)}
+
     def _describe_file(self, name: str, model_dir: Path, path: Path) -> tuple[list, list]:
         """The graph's inputs and outputs; a file the backend cannot parse is the client's error, not ours."""
         try:
@@ -227,7 +273,8 @@ class ModelRegistry:
             raise InvalidModelFile(f"model '{name}': '{relative}' is not a valid ONNX model "
                                    f"({_without_dir(str(exc), model_dir)})") from None
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """`unload_dependents`: also the step models an ensemble's load loaded, unless another ensemble uses them."""
         entry = self._entries.get(name) if is_plain_name(name) else None
         if entry is None:
             if not self._on_disk(name):
@@ -240,9 +287,14 @@ class ModelRegistry:
             for model in models:
                 await self._close(model, "unloaded")
             entry.state, entry.reason, entry.uploaded = UNAVAILABLE, "unloaded", False
+            along, entry.loaded_along = entry.loaded_along, ()
             if not self._on_disk(name) and self._entries.get(name) is entry:
                 self._entries.pop(name)  # its directory is gone (poll mode): no longer in the index either
         log.info("unloaded model %s", name)
+        used = {s.model for m in self.loaded() if m.ensemble is not None for s in m.ensemble.steps}
+        for model in (along if unload_dependents else ()):
+            if model not in used:
+                await self.unload(model, unload_dependents=True)
 
     async def _close(self, model: LoadedModel, reason: str) -> None:
         model.state, model.reason = UNLOADING, ""
@@ -257,6 +309,17 @@ class ModelRegistry:
                 await self.unload(name)
         finally:
             self._uploads.close()
+
+
+def _read_config(name: str, model_dir: Path, config_json: str | None) -> tuple[mc.ModelConfig, bool]:
+    """(the config as written or overridden, whether it states max_batch_size)."""
+    pbtxt = model_dir / "config.pbtxt"
+    if config_json is not None:
+        return parse_json_override(config_json, name), '"max_batch_size"' in config_json or "max_batch_size" in config_json
+    if pbtxt.is_file():
+        text = pbtxt.read_text()
+        return parse_pbtxt(text, f"model '{name}' config.pbtxt"), config_mentions_batching(text)
+    return mc.ModelConfig(), False
 
 
 def check_version(version: str) -> None:
