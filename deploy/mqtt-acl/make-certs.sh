@@ -7,7 +7,7 @@
 #                             server and client (the broker "mosquitto"; a node's gRPC port, its forwards
 #                             to peers and its connection to the broker)
 # An existing CA in OUT_DIR is reused, so more names can be added later. DAYS (default 365) sets the validity.
-# Example (the compose cluster):  deploy/mqtt-acl/make-certs.sh secrets mosquitto gpu-server jetson-a cpu-node
+# Example (the compose cluster):  deploy/mqtt-acl/make-certs.sh deploy/secrets mosquitto gpu-server jetson-a cpu-node client
 set -eu
 [ $# -ge 2 ] || { echo "usage: $0 OUT_DIR NAME [NAME ...]" >&2; exit 2; }
 out=$1; shift
@@ -15,6 +15,7 @@ days=${DAYS:-365}
 command -v openssl >/dev/null || { echo "openssl not found" >&2; exit 1; }
 umask 077
 mkdir -p "$out"
+chmod 700 "$out"
 ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
 if [ ! -f "$out/ca.pem" ]; then
   # shellcheck disable=SC2086
@@ -31,7 +32,9 @@ for name in "$@"; do
     -days "$days" -out "$out/$name.pem" -extfile "$out/$name.ext" 2>/dev/null
   rm -f "$out/$name.csr" "$out/$name.ext"
 done
-# readable by the containers' non-root users (broker uid 1883, nodes' uid): the directory stays 700 on the host
+# Readable by the containers' non-root users (broker uid 1883, nodes uid 10001), which get single files
+# mounted (docker-compose.yml: compose secrets), never the directory: on the host the directory stays 700,
+# so no other host user reaches the keys. Mounting the whole directory would not work (700) nor be wanted.
 chmod 644 "$out"/*.pem
 chmod 600 "$out/ca-key.pem"
 echo "wrote $out/ca.pem and a certificate + key per name ($*)"

@@ -16,24 +16,33 @@ the last view of the peers (telemetry.stale_view_s).
 The crash runs last: a killed and restarted peer comes back on the network while the entry may
 still hold a gRPC channel to the dead incarnation (forwards then hang for the forward timeout).
 Each fault starts from a steady state (20 right answers in a row) and counts from the fault on.
+
+The cluster runs as shipped, secure by default: secrets made by deploy/mqtt-acl/make-certs.sh and
+make-passwd.sh (GT_CLUSTER_SECRETS), the broker on TLS with per-node users and the ACL, gRPC with mutual
+TLS (the load's gRPC clients present the `client` certificate). Before the faults the test checks that
+the defences hold: an anonymous MQTT client is refused, node X's credentials cannot publish under node
+Y's topics, and a plaintext gRPC connection to a node inside the network fails.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
+import subprocess
 import threading
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.container.compose_cluster import ComposeCluster
+from tests.container.cluster_probes import GRPC_PROBE, MqttProbe, node_credentials
+from tests.container.compose_cluster import REPO_ROOT, ComposeCluster
 from tests.container.conftest import FAULT_REPORTS, wait_healthy, wait_until
 from tests.container.test_image import readable_repository
 from tests.integration.cluster_nodes import build_model, classifier_expected
@@ -49,19 +58,33 @@ REQUEST_TIMEOUT_S = 30.0
 THREADS = 4                # 2 HTTP + 2 gRPC clients
 PACE_S = 0.03              # per client between requests: ~130 requests/s at most through the entry
 MAX_REQUESTS = 3000        # per load run, whatever happens
+MQTT_TLS_PORT = 8883
+SCRIPTS = REPO_ROOT / "deploy" / "mqtt-acl"
 
 
 # ---------------------------------------------------------------- the cluster
 
 
 @pytest.fixture(scope="module")
-def cluster(docker_available, gt_image, broker_image):
+def cluster_secrets(tmp_path_factory) -> Path:
+    """The compose cluster's secrets, made by the shipped scripts (as the README tells an operator)."""
+    if not (shutil.which("mosquitto_passwd") and shutil.which("openssl")):
+        pytest.skip("mosquitto_passwd and openssl are needed to make the cluster secrets (apt-get install mosquitto)")
+    out = tmp_path_factory.mktemp("cluster") / "secrets"
+    for script, names in (("make-certs.sh", ("mosquitto", ENTRY, *HOLDERS, "client")),
+                          ("make-passwd.sh", (ENTRY, *HOLDERS))):
+        subprocess.run(["sh", str(SCRIPTS / script), str(out), *names], check=True, capture_output=True, timeout=60)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster(docker_available, gt_image, broker_image, cluster_secrets):
     repos = {node: readable_repository(lambda root, ms=models: [build_model(root, m) for m in ms])
              for node, models in MODELS.items()}
     edge = ComposeCluster(docker_available, {"GT_IMAGE": gt_image, "MOSQUITTO_IMAGE": broker_image,
-                                              "GT_CLUSTER_KEY": secrets.token_hex(32)})
+                                              "GT_CLUSTER_SECRETS": str(cluster_secrets)})
     try:
-        broker = edge.start("mosquitto")
+        broker = edge.start("mosquitto", publish=(MQTT_TLS_PORT,))  # 127.0.0.1 only: the MQTT checks below
         assert wait_healthy(docker_available, broker, timeout_s=60) == "healthy", edge.logs("mosquitto")
         for node, repo in repos.items():
             edge.start(node, extra_args=("--model-repository", "/models"),
@@ -74,6 +97,10 @@ def cluster(docker_available, gt_image, broker_image):
         edge.close()
         for repo in repos.values():
             shutil.rmtree(repo, ignore_errors=True)
+
+
+def secrets_dir(edge: ComposeCluster) -> Path:
+    return Path(edge.variables["GT_CLUSTER_SECRETS"])
 
 
 def entry_status(edge: ComposeCluster) -> dict:
@@ -126,6 +153,9 @@ class Load:
     def __init__(self, edge: ComposeCluster) -> None:
         self.http_address = f"127.0.0.1:{edge.host_port(ENTRY, 8000)}"
         self.grpc_address = f"127.0.0.1:{edge.host_port(ENTRY, 8001)}"
+        self.grpc_tls = {"ssl": True, "root_certificates": str(secrets_dir(edge) / "ca.pem"),
+                         "private_key": str(secrets_dir(edge) / "client-key.pem"),
+                         "certificate_chain": str(secrets_dir(edge) / "client.pem")}  # gRPC is mutual TLS
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.results: list[tuple[bool, float, str]] = []
@@ -145,7 +175,7 @@ class Load:
         module = httpclient if index % 2 == 0 else grpcclient
         address = self.http_address if module is httpclient else self.grpc_address
         client = (httpclient.InferenceServerClient(address, network_timeout=REQUEST_TIMEOUT_S)
-                  if module is httpclient else grpcclient.InferenceServerClient(address))
+                  if module is httpclient else grpcclient.InferenceServerClient(address, **self.grpc_tls))
         rng = np.random.default_rng(index)
         try:
             while not self.stop.is_set() and len(self.results) < MAX_REQUESTS:
@@ -255,6 +285,84 @@ def test_baseline_every_answer_is_right(cluster, request) -> None:
     report = exercise(cluster, "none", lambda victim: None, lambda victim: None)
     publish(request, report)
     assert report.requests >= 20 and report.failures == 0, report.errors
+
+
+# ---------------------------------------------------------------- the defences (before any fault)
+
+
+def test_broker_refuses_anonymous_and_plaintext_clients(cluster) -> None:
+    secrets = secrets_dir(cluster)
+    port = cluster.host_port("mosquitto", MQTT_TLS_PORT)
+    ways = {"a node's user": dict(node_credentials(secrets, "jetson-a")),
+            "anonymous": {},
+            "plaintext, a node's user": dict(node_credentials(secrets, "jetson-a"), tls=False),
+            "no client certificate, a node's user": dict(node_credentials(secrets, "jetson-a"), client_cert=False),
+            "wrong password": {"username": "jetson-a", "password": "not-the-password"}}
+    outcomes = {}
+    for way, options in ways.items():
+        probe = MqttProbe(port, secrets, **options)
+        try:
+            outcomes[way] = probe.connect()
+        finally:
+            probe.close()
+    assert outcomes["a node's user"] == "connected", outcomes  # the broker is up and the files are right
+    assert outcomes["anonymous"].startswith("refused"), outcomes  # CONNACK: not authorised
+    assert outcomes["wrong password"].startswith("refused"), outcomes
+    assert outcomes["plaintext, a node's user"] != "connected", outcomes
+    assert outcomes["no client certificate, a node's user"] != "connected", outcomes
+
+
+def rejected_total(edge: ComposeCluster) -> int:
+    """gt_telemetry_rejected_total over every reason, from the entry's metrics port."""
+    url = f"http://127.0.0.1:{edge.host_port(ENTRY, 8002)}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("gt_telemetry_rejected_total")))
+
+
+def test_a_node_cannot_publish_under_another_nodes_topics(cluster) -> None:
+    """jetson-a's credentials try to delete cpu-node's retained status, announce a node that does not exist and
+    speak as cpu-node, then send one unsigned message under its own topic (allowed: the control). The broker
+    handles one client's publishes in order and queues them in order for each subscriber, so a reader that may
+    read every node's topics, and the entry, would get any forgery the broker let through before the control."""
+    secrets, marker = secrets_dir(cluster), f"acl-probe-{uuid.uuid4().hex[:8]}"
+    port = cluster.host_port("mosquitto", MQTT_TLS_PORT)
+    topics = {kind: f"gt/v1/demo/node/{node}/{what}" for kind, node, what in
+              (("victim status", "cpu-node", "status"), ("ghost", "ghost", "status"),
+               ("victim telemetry", "cpu-node", "telemetry"), ("own", "jetson-a", "telemetry"))}
+    reader = MqttProbe(port, secrets, **node_credentials(secrets, ENTRY))
+    forger = MqttProbe(port, secrets, **node_credentials(secrets, "jetson-a"))
+    try:
+        assert reader.connect() == "connected" and forger.connect() == "connected"
+        reader.subscribe(list(topics.values()))
+        rejected_before = rejected_total(cluster)
+        forger.publish(topics["victim status"], b"", retain=True)
+        forger.publish(topics["ghost"], f"{marker} forged".encode(), retain=True)
+        forger.publish(topics["victim telemetry"], f"{marker} forged".encode())
+        forger.publish(topics["own"], f"{marker} control".encode())
+        seen = reader.until(lambda m: m.payload == f"{marker} control".encode())
+    finally:
+        reader.close()
+        forger.close()
+    forged = [m for m in seen if marker.encode() + b" forged" in m.payload
+              or (m.topic == topics["victim status"] and not m.payload)]
+    assert not forged, f"the broker let forgeries through: {forged}"
+    # the entry counts every unsigned message it gets: the control, and nothing else of the probe
+    wait_until(lambda: rejected_total(cluster) > rejected_before, 10, "the entry rejecting the unsigned control")
+    assert rejected_total(cluster) == rejected_before + 1
+    assert peer_state(entry_status(cluster), "cpu-node") == "live"
+    assert peer_state(entry_status(cluster), "ghost") == "absent"
+
+
+@pytest.mark.parametrize(("caller", "target"), [(ENTRY, "jetson-a"), ("jetson-a", "cpu-node"), ("cpu-node", ENTRY)])
+def test_grpc_inside_the_network_takes_mutual_tls_only(cluster, caller, target) -> None:
+    result = cluster.containers[caller].exec_run(["python", "-c", GRPC_PROBE, f"{target}:8001", caller])
+    assert result.exit_code == 0, result.output.decode(errors="replace")[-2000:]
+    ways = json.loads(result.output.decode().strip().splitlines()[-1])
+    assert ways["plaintext"] != "OK", ways
+    assert ways["tls without client certificate"] != "OK", ways
+    assert ways["mutual tls"] == "OK", ways  # the same port answers a cluster member, after the refusals
 
 
 def test_partition_and_heal_loses_nothing(cluster, request) -> None:
