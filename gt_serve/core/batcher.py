@@ -44,13 +44,15 @@ class Entry:
 
 
 class Batch:
-    """Requests taken from the queue to run together; `size` is their total batch size."""
+    """Requests taken from the queue to run together; `size` is their total batch size; `traced`: some
+    entry's context is a request trace (core/trace_context.py) to be told how the batch ran."""
 
-    __slots__ = ("entries", "size")
+    __slots__ = ("entries", "size", "traced")
 
-    def __init__(self, entries: list[Entry], size: int) -> None:
+    def __init__(self, entries: list[Entry], size: int, traced: bool = False) -> None:
         self.entries = entries
         self.size = size
+        self.traced = traced
 
 
 class Batcher:
@@ -139,6 +141,7 @@ class Batcher:
     def take(self, entries: list[Entry]) -> Batch:
         taken = set(map(id, entries))
         size = 0
+        traced = False
         now = _now_ns()
         for q in self._queues:
             if not taken:
@@ -150,6 +153,8 @@ class Batcher:
                     taken.discard(id(e))
                     e.dispatch_ns = now
                     size += e.batch_size
+                    if e.context is not None:
+                        traced = True
                     if e.timer is not None:
                         e.timer.cancel()
                     if not taken:
@@ -159,7 +164,7 @@ class Batcher:
             if kept:
                 q.extendleft(reversed(kept))
         self.pending -= len(entries)
-        return Batch(entries, size)
+        return Batch(entries, size, traced)
 
     def purge_done(self) -> None:
         """Drop entries whose futures are already done (timed out, cancelled) and recount."""

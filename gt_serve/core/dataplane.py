@@ -10,6 +10,7 @@ for the client (protocol/status.py maps it to each transport's status).
   readiness     core/model_control.py    ready / strict readiness / draining (App drives it)
   fleet         core/fleet_link.py       routing to peers; None on a single node, empty until the cluster starts
   pipelines     core/pipeline.py         models split into stages, addressed by name (built here: stages call infer)
+  ensembles     core/ensemble.py         registry models whose steps run back through infer (a step may run on a peer)
   shm/cuda_shm  core/shared_memory.py    registered regions; inputs read and outputs written there
   request_checks / outputs               the per-request checks and the response's tensors
 
@@ -39,16 +40,18 @@ from collections.abc import Mapping, Sequence
 
 from .. import __version__
 from ..errors import GtServeError, InvalidArgument, Unavailable
-from ..types import InferRequest, InferResponse
+from ..types import InferRequest, InferResponse, Tensor
+from .ensemble import record_ensemble_success, run_ensemble
 from .fleet_call import VISITED_PARAMETER, parse_visited
 from .fleet_link import FleetLink
 from .model_control import ModelControl, Readiness
 from .outputs import make_outputs
 from .pipeline import Pipeline, PipelineSet
-from .registry import READY, ModelRegistry
+from .registry import READY, LoadedModel, ModelRegistry
 from .request_checks import check_inputs, check_outputs
 from .response_cache import ResponseCache, serve_cached
 from .shared_memory import CudaSharedMemory, SystemSharedMemory
+from .trace_context import RequestTrace
 
 HOPS_PARAMETER = "gt_hops"  # how many nodes a forwarded request has passed through
 _NOT_ECHOED = frozenset({"binary_data_output", "headers", HOPS_PARAMETER,
@@ -121,7 +124,8 @@ class DataPlane:
         return self._control.config(name, version)
 
     # -- inference ------------------------------------------------------------------------------
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(self, request: InferRequest, trace: RequestTrace | None = None) -> InferResponse:
+        """`trace`: the request's record when the front end traces it (core/trace_context.py), else None."""
         if self._readiness.draining:
             raise Unavailable("the server is shutting down and takes no new requests")
         hops = request.parameters.pop(HOPS_PARAMETER, None)
@@ -129,15 +133,19 @@ class DataPlane:
             request.hops = max(request.hops, hops)
         if self._pipelines is not None and request.model_name in self._pipelines:
             return await self._pipelines.infer(request)
+        ensemble = self._registry.ensemble_of(request.model_name, request.model_version)
+        if ensemble is not None:  # runs here; each step goes back through infer (here or a peer)
+            return await self._infer_ensemble(ensemble, request)
         visited = request.parameters.pop(VISITED_PARAMETER, None)
         fleet = self._fleet
         if fleet is not None and fleet.routes(request):
             registry = self._registry
-            return await fleet.serve(request, parse_visited(visited), local=lambda: self._infer_here(request),
+            return await fleet.serve(request, parse_visited(visited),
+                                     local=lambda: self._infer_here(request, trace),
                                      local_ready=lambda: registry.ready(request.model_name, request.model_version))
-        return await self._infer_here(request)
+        return await self._infer_here(request, trace)
 
-    async def _infer_here(self, request: InferRequest) -> InferResponse:
+    async def _infer_here(self, request: InferRequest, trace: RequestTrace | None = None) -> InferResponse:
         start_ns = _now_ns()
         model = self._registry.get(request.model_name, request.model_version)
         if model.state != READY:
@@ -149,11 +157,18 @@ class DataPlane:
             if deadline_s is None and self._default_timeout_s > 0:
                 deadline_s = time.monotonic() + self._default_timeout_s
             if self._response_cache is None:  # no cache on this server: the plain path, no closure, no lookup
-                outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority, deadline_s)
+                if trace is None:
+                    outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority, deadline_s)
+                else:  # traced: the batch it runs in notes its queue and compute times on the trace
+                    outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority,
+                                                          deadline_s, trace)
                 response_outputs = make_outputs(model, outputs, requested, self._shm)
             else:
+                traced = () if trace is None else (trace,)
+
                 async def run():
-                    outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority, deadline_s)
+                    outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority,
+                                                          deadline_s, *traced)
                     return make_outputs(model, outputs, requested, self._shm)
 
                 response_outputs = await serve_cached(self._response_cache, model, request, requested, start_ns, run)
@@ -162,6 +177,26 @@ class DataPlane:
             raise
         echo = {k: v for k, v in request.parameters.items() if k not in _NOT_ECHOED} if request.parameters else {}
         return InferResponse(model.name, model.version, request.id, response_outputs, echo)
+
+    async def _infer_ensemble(self, model: LoadedModel, request: InferRequest) -> InferResponse:
+        start_ns = _now_ns()
+        try:
+            if model.state != READY:
+                raise Unavailable(f"model '{model.name}' version {model.version} is not ready ({model.state})")
+            feeds, batch_size, _ = check_inputs(model, request, self._shm, self._max_batch_size)
+            requested = check_outputs(model, request.outputs, self._shm)
+            if request.deadline_s is None and self._default_timeout_s > 0:
+                request.deadline_s = time.monotonic() + self._default_timeout_s  # one deadline for every step
+            spec = model.spec
+            inputs = {n: Tensor(n, spec.inputs[n].datatype, a.shape, a) for n, a in feeds.items()}
+            produced = await run_ensemble(model.ensemble, request, inputs, self.infer)
+            outputs = make_outputs(model, [produced[n].data for n in spec.output_order], requested, self._shm)
+        except GtServeError:
+            model.stats.record_failure(_now_ns() - start_ns)
+            raise
+        record_ensemble_success(model.stats, batch_size, _now_ns() - start_ns)
+        echo = {k: v for k, v in request.parameters.items() if k not in _NOT_ECHOED} if request.parameters else {}
+        return InferResponse(model.name, model.version, request.id, outputs, echo)
 
     # -- statistics and repository ----------------------------------------------------------------
     async def statistics(self, name: str = "", version: str = "") -> dict:

@@ -120,4 +120,4 @@ class ModelControl:
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         self._check_control("unload", name)
-        await self._registry.unload(name)
+        await self._registry.unload(name, unload_dependents)

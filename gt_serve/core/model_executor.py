@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Callable, Mapping, Protocol
 
 from ..errors import Unavailable
 from .batch_completion import BatchCompletion
 from .batcher import Batch, Batcher, Entry
+from .trace_context import RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,8 @@ class ModelExecutor:
             self._completion.resolve(batch, lane, result, exc)
         except Exception:  # never let bookkeeping stall the queue
             log.exception("batch completion failed for model %s", self.name)
+        if batch.traced:
+            _note_traces(batch, lane)
         self._scheduler.finished(self, elapsed_ns)
         if self.batcher.closed is not None and not self.in_flight and not self.batcher.pending:
             self._on_drained()
@@ -119,3 +123,13 @@ class ModelExecutor:
         self._released = True
         for runner in self.runners:
             runner.close()
+
+
+def _note_traces(batch: Batch, lane: Any) -> None:
+    """Tell the traced requests of a batch how it ran (queue and compute times, size, lane)."""
+    now_ns = time.monotonic_ns()
+    requests = len(batch.entries)
+    for e in batch.entries:
+        if isinstance(e.context, RequestTrace):
+            e.context.batch_ran(e.arrival_ns, e.dispatch_ns, now_ns, batch.size, requests,
+                                str(getattr(lane, "lane_id", "")), str(getattr(lane, "device", "")))

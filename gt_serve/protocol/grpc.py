@@ -33,22 +33,13 @@ from .grpc_codec import (
     shm_status_to_proto,
 )
 from .status import grpc_status, grpc_trailers
+from .tracing import RequestTracer
 
 log = logging.getLogger(__name__)
 
 _SERVICE = "/inference.GRPCInferenceService/"
 _AUTH_EXEMPT = frozenset({_SERVICE + "ServerLive", _SERVICE + "ServerReady"})
 _STREAM_METHOD = _SERVICE + "ModelStreamInfer"
-
-_TRACE_DEFAULTS: dict[str, list[str]] = {
-    "trace_level": ["OFF"],
-    "trace_rate": ["1000"],
-    "trace_count": ["-1"],
-    "log_frequency": ["0"],
-    "trace_file": [""],
-    "trace_mode": ["triton"],
-}
-
 
 async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext) -> None:
     """The one place an exception becomes a gRPC status."""
@@ -90,8 +81,10 @@ def _stream_error(exc: BaseException, request: pb.ModelInferRequest) -> pb.Model
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """inference.GRPCInferenceService over a DataPlane (see core/dataplane.py for the contract)."""
 
-    def __init__(self, dataplane) -> None:
+    def __init__(self, dataplane, tracer: RequestTracer | None = None) -> None:
         self._dp = dataplane
+        self._tracer = tracer or RequestTracer.disabled()  # shared with the HTTP front end (App)
+        self._trace_settings = self._tracer.settings
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -135,12 +128,25 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelInfer(self, request, context):
+        if self._trace_settings.active:  # the one check a request pays with tracing off
+            trace = self._tracer.start_from_metadata(request.model_name, request.model_version,
+                                                     context.invocation_metadata())
+            if trace is not None:
+                return await self._tracer.serve(trace, lambda: request_from_proto(request, context.time_remaining()),
+                                                self._dp.infer, lambda _, resp: response_to_proto(resp))
         infer_request = request_from_proto(request, context.time_remaining())
         return response_to_proto(await self._dp.infer(infer_request))
 
-    async def _stream_one(self, request: pb.ModelInferRequest, remaining_s: float | None):
+    async def _stream_one(self, request: pb.ModelInferRequest, remaining_s: float | None, metadata=None):
         try:
-            resp = await self._dp.infer(request_from_proto(request, remaining_s))
+            trace = None
+            if self._trace_settings.active:
+                trace = self._tracer.start_from_metadata(request.model_name, request.model_version, metadata)
+            if trace is not None:
+                resp = await self._tracer.serve(trace, lambda: request_from_proto(request, remaining_s),
+                                                self._dp.infer, lambda _, response: response)
+            else:
+                resp = await self._dp.infer(request_from_proto(request, remaining_s))
             return pb.ModelStreamInferResponse(infer_response=response_to_proto(resp))
         except asyncio.CancelledError:
             raise
@@ -164,7 +170,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             nonlocal done_reading
             try:
                 async for request in request_iterator:
-                    task = asyncio.ensure_future(self._stream_one(request, context.time_remaining()))
+                    task = asyncio.ensure_future(self._stream_one(request, context.time_remaining(),
+                                                                  context.invocation_metadata()))
                     pending.add(task)
                     task.add_done_callback(finished)
             finally:
@@ -232,18 +239,23 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         await self._dp.cuda_shm_unregister(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    # -- trace and log settings (read-only: this server neither traces nor reconfigures logs) --
+    # -- trace settings (the store HTTP uses too) and log settings (read-only) ----------------
 
     @_rpc
     async def TraceSetting(self, request, context):
-        # Triton's check and words; nothing is stored per model (the settings are read-only here)
+        # Triton's check and words; a setting sent with no value clears it (as null does over HTTP)
         if request.model_name and not await self._dp.model_ready(request.model_name, ""):
             raise InvalidArgument(f"Request for unknown model : {request.model_name[:256]}")
+        settings = self._trace_settings
         if request.settings:
-            raise Unsupported("trace settings cannot be changed: this server does not support tracing")
+            doc = {key: (list(value.value) if key == "trace_level" else value.value[0]) if value.value else None
+                   for key, value in request.settings.items()}
+            current = settings.update(request.model_name, doc)
+        else:
+            current = settings.get(request.model_name)
         resp = pb.TraceSettingResponse()
-        for key, values in _TRACE_DEFAULTS.items():
-            resp.settings[key].value.extend(values)
+        for key, value in current.items():
+            resp.settings[key].value.extend(value if isinstance(value, list) else [str(value)])
         return resp
 
     @_rpc
@@ -333,6 +345,7 @@ async def start_grpc(
     peer_token: str | None = None,
     max_message_bytes: int = 2**31 - 1,
     tls: TlsFiles | None = None,
+    tracer: RequestTracer | None = None,
 ) -> GrpcFrontEnd:
     """Start the gRPC front end on the running event loop. With `auth_token`, every RPC but health
     needs a bearer token: that one, or `peer_token` (what fleet nodes forward with). With `tls`, TLS
@@ -345,7 +358,7 @@ async def start_grpc(
     ]
     interceptors = [BearerAuthInterceptor(auth_token, peer_token or "")] if auth_token else None
     server = grpc.aio.server(options=options, interceptors=interceptors)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane, tracer), server)
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     address = f"{host}:{port}"

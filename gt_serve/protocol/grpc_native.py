@@ -25,6 +25,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ..tls import TlsFiles, server_context
 from .grpc import InferenceServicer, bearer_authorized, bearer_values
+from .tracing import RequestTracer
 from .h2 import H2Connection, H2Limits, H2Stream
 from .h2.frames import PREFACE, u32, unpack_u32
 from .h2.hpack_cache import quiet_hpack_logging
@@ -402,11 +403,12 @@ class GrpcConnection(H2Connection):
 class NativeGrpcServer:
     """The listening socket and its connections; `port` is the bound port."""
 
-    def __init__(self, dataplane, *, auth_token: str | None, peer_token: str | None, limits: H2Limits) -> None:
+    def __init__(self, dataplane, *, auth_token: str | None, peer_token: str | None, limits: H2Limits,
+                 tracer: RequestTracer | None = None) -> None:
         quiet_hpack_logging()
         self.loop = asyncio.get_running_loop()
         self.limits = limits
-        self.methods = _method_table(InferenceServicer(dataplane))
+        self.methods = _method_table(InferenceServicer(dataplane, tracer))
         self.connections: set[GrpcConnection] = set()
         self.closing = False
         self._expected = bearer_values(auth_token, peer_token) if auth_token else []
@@ -448,13 +450,14 @@ class NativeGrpcServer:
 async def start_grpc_native(dataplane, host: str, port: int, *, auth_token: str | None = None,
                             peer_token: str | None = None, max_message_bytes: int = 2**31 - 1,
                             max_connections: int = 1024, idle_timeout_s: float = 60.0,
-                            limits: H2Limits | None = None, tls: TlsFiles | None = None) -> NativeGrpcServer:
+                            limits: H2Limits | None = None, tls: TlsFiles | None = None,
+                            tracer: RequestTracer | None = None) -> NativeGrpcServer:
     limits = limits or H2Limits()
     limits = replace(limits, max_message_bytes=max_message_bytes, max_connections=max_connections,
                      idle_timeout_s=idle_timeout_s, handshake_timeout_s=min(limits.handshake_timeout_s, idle_timeout_s),
                      frame_timeout_s=min(limits.frame_timeout_s, idle_timeout_s))
     ssl_context = server_context(tls, ("h2",)) if tls is not None else None  # gRPC clients require ALPN h2
-    server = NativeGrpcServer(dataplane, auth_token=auth_token, peer_token=peer_token, limits=limits)
+    server = NativeGrpcServer(dataplane, auth_token=auth_token, peer_token=peer_token, limits=limits, tracer=tracer)
     try:
         await server.start(host.strip("[]"), port, ssl_context)
     except OSError as exc:

@@ -22,7 +22,7 @@ from ..tls import TlsFiles, server_context
 from . import http_infer
 from .http_server import HttpServer, Request, Response, json_error
 from .status import http_headers, http_status
-from .trace_settings import TraceSettings
+from .tracing import RequestTracer
 
 _log = logging.getLogger(__name__)
 
@@ -73,12 +73,14 @@ def _split_version(parts: list[str]) -> tuple[str, list[str]]:
 class HttpFrontEnd:
     def __init__(self, dataplane, *, max_body_bytes: int = 256 * 1024 * 1024, max_connections: int = 1024,
                  auth_token: str | None = None, idle_timeout_s: float = 60.0, header_timeout_s: float = 10.0,
-                 body_timeout_s: float = 60.0, compress_min_bytes: int = COMPRESS_MIN_BYTES) -> None:
+                 body_timeout_s: float = 60.0, compress_min_bytes: int = COMPRESS_MIN_BYTES,
+                 tracer: RequestTracer | None = None) -> None:
         self._dp = dataplane
         self._max_body_bytes = max_body_bytes
         self._auth = f"Bearer {auth_token}".encode() if auth_token else None
         self._compress_min_bytes = compress_min_bytes
-        self._trace_settings = TraceSettings()
+        self._tracer = tracer or RequestTracer.disabled()  # shared with the gRPC front end (App)
+        self._trace_settings = self._tracer.settings
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gt-http-decode")
         self._log_settings = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
                               "log_verbose_level": 0, "log_format": "default"}
@@ -267,6 +269,16 @@ class HttpFrontEnd:
 
     # ---- inference ----
     async def _infer(self, req: Request, name: str, version: str) -> Response:
+        if self._trace_settings.active:  # the one check a request pays with tracing off
+            trace = self._tracer.start(name, version, "http", req.headers.get("traceparent"),
+                                       req.headers.get("tracestate"))
+            if trace is not None:
+                return await self._tracer.serve(trace, lambda: self._decode(req, name, version), self._dp.infer,
+                                                lambda infer_req, resp: self._encode(req, infer_req, resp))
+        infer_req = await self._decode(req, name, version)
+        return self._encode(req, infer_req, await self._dp.infer(infer_req))
+
+    async def _decode(self, req: Request, name: str, version: str):
         headers = req.headers
         body = self._body(req) if "content-encoding" in headers else req.body
         header_length = http_infer.parse_header_length(headers.get("inference-header-content-length"), len(body))
@@ -279,7 +291,10 @@ class HttpFrontEnd:
             infer_req = await asyncio.get_running_loop().run_in_executor(self._decoder, decode, *args)
         else:
             infer_req = decode(*args)
-        resp = await self._dp.infer(infer_req)
+        return infer_req
+
+    def _encode(self, req: Request, infer_req, resp) -> Response:
+        headers = req.headers
         parts, json_bytes = http_infer.encode_response(resp, infer_req)
         out_headers = {"Content-Type": _BINARY} if json_bytes is not None else {"Content-Type": "application/json"}
         if json_bytes is not None:
@@ -314,12 +329,13 @@ def _load_parameters(name: str, params: dict) -> dict:
 async def start_http(dataplane, host: str, port: int, *, max_body_bytes: int = 256 * 1024 * 1024,
                      max_connections: int = 1024, auth_token: str | None = None,
                      idle_timeout_s: float = 60.0, header_timeout_s: float = 10.0, body_timeout_s: float = 60.0,
-                     compress_min_bytes: int = COMPRESS_MIN_BYTES, tls: TlsFiles | None = None) -> HttpFrontEnd:
+                     compress_min_bytes: int = COMPRESS_MIN_BYTES, tls: TlsFiles | None = None,
+                     tracer: RequestTracer | None = None) -> HttpFrontEnd:
     """Build and start the V2 HTTP front end; `.port` is the bound port (port 0 = ephemeral); HTTPS with
     `tls` (bad files: ConfigError naming the file)."""
     ssl_context = server_context(tls, ("http/1.1",)) if tls is not None else None
     front = HttpFrontEnd(dataplane, max_body_bytes=max_body_bytes, max_connections=max_connections,
                          auth_token=auth_token, idle_timeout_s=idle_timeout_s, header_timeout_s=header_timeout_s,
-                         body_timeout_s=body_timeout_s, compress_min_bytes=compress_min_bytes)
+                         body_timeout_s=body_timeout_s, compress_min_bytes=compress_min_bytes, tracer=tracer)
     await front.start(host, port, ssl_context)
     return front

@@ -260,15 +260,17 @@ def test_trace_settings_unknown_model_is_refused(srv):
 def test_trace_settings_are_validated_and_bounded(srv):
     port = _port(srv)
     path = "/v2/models/simple/trace/setting"
-    status, answer = _request(port, "POST", path, b'{"trace_level": ["TENSORS", "TIMESTAMPS", "TENSORS"], '
-                                                  b'"trace_rate": " 0007 ", "trace_count": -1}')
+    status, answer = _request(port, "POST", path, b'{"trace_rate": " 0007 ", "trace_count": -1}')
     assert status == 200, answer
     got = json.loads(answer)
-    assert got["trace_level"] == ["TIMESTAMPS", "TENSORS"] and got["trace_rate"] == "7" and got["trace_count"] == "-1"
+    assert got["trace_level"] == ["OFF"] and got["trace_rate"] == "7" and got["trace_count"] == "-1"
+    # no collector configured: a level that would record spans is refused, naming what is missing
+    status, answer = _request(port, "POST", path, b'{"trace_level": ["TIMESTAMPS"]}')
+    assert status == 501 and len(answer) < 1024, answer
     assert json.loads(_request(port, "GET", "/v2/trace/setting")[1])["trace_rate"] == "1000"  # global untouched
     bad = [b'{"trace_level": [' + b",".join([b'"TENSORS"'] * 1000) + b"]}",  # list length
            b'{"trace_rate": "' + b"9" * 100_000 + b'"}',  # string length
-           b'{"trace_rate": "4294967296"}', b'{"trace_count": "-2"}', b'{"trace_level": ["OFF", "TENSORS"]}',
+           b'{"trace_rate": "4294967296"}', b'{"trace_count": "-2"}', b'{"trace_level": ["OFF", "BOGUS"]}',
            b'{"' + b"k" * 100_000 + b'": 1}']  # unknown key
     for body in bad:
         status, answer = _request(port, "POST", path, body)
