@@ -13,10 +13,15 @@ from pathlib import Path
 
 from .config import Config, metrics_bearer_token
 from .core.dataplane import DataPlane
+from .core.fleet_link import FleetLink
+from .core.model_control import ModelControl, Readiness
 from .core.model_host import LocalModelHost
 from .core.registry import ModelRegistry
+from .core.response_cache import ResponseCache
+from .core.repository_poller import RepositoryPoller
 from .core.stream_scheduler import StreamScheduler
 from .errors import GtServeError
+from .tls import listener_files, metrics_files
 from .execution.batch_job import SimpleArrayBackend
 from .execution.job_factory import JobFactory
 from .execution.lane_plan import start_lanes
@@ -30,7 +35,12 @@ class App:
         self.cfg = cfg
         self.lanes: list[Lane] = []
         self.dataplane: DataPlane | None = None
+        self.response_cache: ResponseCache | None = None  # server.response_cache_bytes > 0
+        self.readiness: Readiness | None = None  # App drives it: ready after the start-up loads, draining on stop
+        self.fleet_link: FleetLink | None = None  # with telemetry on: connected once the cluster starts
         self.registry: ModelRegistry | None = None
+        self.poller: RepositoryPoller | None = None  # model control mode "poll"
+        self._poll_task: asyncio.Task | None = None
         self.scheduler: StreamScheduler | None = None
         self.http = None
         self.grpc = None
@@ -42,23 +52,23 @@ class App:
         self.device_pools: dict = {}  # "gpu:N" -> cupy MemoryPool shared by that GPU's lanes
         self.energy = None
         self.metric_providers: list = []
-        self.telemetry = None
-        self.fleet = None
-        self.peer_client = None
+        self.cluster = None  # edge.cluster_node.ClusterNode, with telemetry on
+        self.tracer = None  # protocol/tracing.RequestTracer: the trace settings and span export both front ends share
         self.status_providers: list = []
         self.power_profile = _device_profile(cfg)  # validated before anything starts
         self._stop_event: asyncio.Event | None = None
 
     # -- wiring -------------------------------------------------------------------------------
-    def _runner_factory(self, model_path: str, device: str, lane: Lane):
+    def _runner_factory(self, model_path: str, device: str, lane: Lane, settings=None):
+        """`settings`: the model config's session settings (core/session_settings), when it has any."""
         from .backends.onnx_runner import OnnxRunner
 
         if device.startswith("gpu"):
             stream = lane.stream
             return OnnxRunner(model_path, device="gpu", device_id=int(device.split(":")[1]),
-                              cuda_stream_ptr=stream.ptr if stream is not None else None)
+                              cuda_stream_ptr=stream.ptr if stream is not None else None, settings=settings)
         return OnnxRunner(model_path, device="cpu", intra_op_threads=self._intra_op,
-                          spin_us=self.cfg.lanes.spin_us if self._intra_op > 1 else 0)
+                          spin_us=self.cfg.lanes.spin_us if self._intra_op > 1 else 0, settings=settings)
 
     def _repository(self) -> Path:
         if self.cfg.server.model_repository:
@@ -79,26 +89,21 @@ class App:
         self.scheduler = StreamScheduler(loop, self.lanes)
         self._build_energy()
         jobs = JobFactory(backend, self.host_pool, self.lane_backends, self.cfg.lanes.io_binding)
+        cache_bytes = self.cfg.server.response_cache_bytes
+        self.response_cache = ResponseCache(cache_bytes) if cache_bytes > 0 else None
         return LocalModelHost(loop, self.scheduler, self.lanes, self._runner_factory, jobs, self.cfg.models,
-                              energy_observer=self.energy.on_batch)
+                              energy_observer=self.energy.on_batch, response_cache=self.response_cache is not None)
 
     async def start(self) -> None:
         from .backends.onnx_runner import describe_model
 
-        cfg, s = self.cfg, self.cfg.server
+        s = self.cfg.server
         host = self._build_execution(asyncio.get_running_loop())
         repo = self._repository()
         if not repo.is_dir():
             raise SystemExit(f"gt-serve: model repository '{repo}' is not a directory")
         self.registry = ModelRegistry(repo, describe_model, host, drain_timeout_s=s.drain_timeout_s)
-        self.dataplane = DataPlane(self.registry, server_name=s.server_name, model_control_mode=s.model_control_mode,
-                                   default_timeout_s=s.request_timeout_s, max_batch_size=s.max_batch_size)
-        if cfg.pipelines:
-            try:
-                self.dataplane.set_pipelines(dict(cfg.pipelines), node=cfg.node_name)
-            except (GtServeError, ValueError) as exc:
-                raise SystemExit(f"gt-serve: {exc}") from None
-        self.dataplane.energy_totals = self.energy.totals
+        self.dataplane = self._build_dataplane()
         # listeners first: /v2/health/live answers while models load, /v2/health/ready says 400 until they are
         await self._start_front_ends()
         self._write_port_file()
@@ -112,37 +117,37 @@ class App:
             raise SystemExit(f"gt-serve: exiting: model(s) {', '.join(failed)} failed to load at start-up "
                              "(--exit-on-error=false keeps serving the others)")
         await self._start_cluster()
+        if self.poller is not None:
+            self._poll_task = asyncio.ensure_future(self.poller.run())
+            log.info("polling the model repository every %g s", self.poller.interval_s)
         ready = not (failed and s.strict_readiness)
-        self.dataplane.set_ready(True, waiting_for=tuple(failed) if s.strict_readiness else ())
+        self.readiness.set_ready(True, waiting_for=tuple(failed) if s.strict_readiness else ())
         if ready:
             log.info("gt-serve ready: lanes %s", ", ".join(l.lane_id for l in self.lanes))
         else:
             log.error("gt-serve stays NOT READY: model(s) %s failed to load at start-up (strict readiness; "
                       "--strict-readiness=false reports ready with the models that loaded)", ", ".join(failed))
 
+    def _build_dataplane(self) -> DataPlane:
+        """The data plane and its collaborators, complete: the fleet link stays empty until _start_cluster."""
+        cfg, s = self.cfg, self.cfg.server
+        self.readiness = Readiness(self.registry)
+        control = ModelControl(self.registry, s.model_control_mode, energy_totals=self.energy.totals)
+        self.fleet_link = FleetLink(cfg.cluster.max_hops) if cfg.telemetry.enabled else None
+        try:
+            return DataPlane(self.registry, control, self.readiness, fleet=self.fleet_link,
+                             pipelines=cfg.pipelines, node=cfg.node_name, server_name=s.server_name,
+                             default_timeout_s=s.request_timeout_s, max_batch_size=s.max_batch_size,
+                             response_cache=self.response_cache)
+        except (GtServeError, ValueError) as exc:  # a bad pipeline
+            raise SystemExit(f"gt-serve: {exc}") from None
+
     def _build_energy(self) -> None:
-        from .backends.power import StaticProfileMeter, detect_meters
-        from .core.energy import EnergyModel
-        from .core.node_energy import NodeEnergy
+        from .core.node_energy import build_node_energy
         from .protocol.resource_metrics import (device_pool_metric_provider, device_pool_statistics,
                                                energy_metric_provider, energy_status_provider, pool_metric_provider)
 
-        model = EnergyModel()
-        devices = sorted({lane.device for lane in self.lanes})
-        for device in devices:
-            model.add_device(device, self.power_profile)
-        found = detect_meters(idle_w=None)
-        gpu_meters = [m for m in found if m.name.startswith("nvml")]
-        node_meter = next((m for m in found if not m.name.startswith("nvml")), None)
-        if node_meter is None:
-            node_meter = StaticProfileMeter(self.power_profile.idle_w, name=f"static:{self.power_profile.name}")
-        meters = {}
-        for device in devices:
-            if device.startswith("gpu:") and int(device[4:]) < len(gpu_meters):
-                meters[device] = gpu_meters[int(device[4:])]
-            else:
-                meters[device] = node_meter
-        self.energy = NodeEnergy(model, meters)
+        self.energy = build_node_energy(sorted({lane.device for lane in self.lanes}), self.power_profile)
         if self.host_pool is not None:
             self.metric_providers.append(pool_metric_provider(self.host_pool))
             self.status_providers.append(lambda: {"host_pool": self.host_pool.statistics()})
@@ -151,8 +156,7 @@ class App:
             self.status_providers.append(lambda: {"device_pools": device_pool_statistics(self.device_pools)})
         self.metric_providers.append(energy_metric_provider(self.energy))
         self.status_providers.append(energy_status_provider(self.energy))
-        log.info("energy: profile %s, meters %s", self.power_profile.name,
-                 ", ".join(sorted({m.name for m in meters.values()})))
+        log.info("energy: profile %s, meters %s", self.power_profile.name, ", ".join(sorted({m.name for m in self.energy.meters.values()})))
 
     async def _load_initial_models(self) -> list[str]:
         """Load the start-up models; return the names that failed (each logged once)."""
@@ -160,10 +164,13 @@ class App:
         names = self.registry.scan()
         if s.model_control_mode == "explicit":
             names = names if "*" in s.load_models else list(s.load_models)
-        elif s.model_control_mode == "poll":
-            log.warning("model control mode 'poll': the repository is loaded at start-up but not polled (as 'none')")
+        elif s.model_control_mode == "poll":  # what these loads see is the baseline later polls compare with
+            self.poller = RepositoryPoller(self.registry, s.repository_poll_s)
+            await self.poller.baseline()
         failed = []
         for name in names:
+            if self.registry.is_loaded(name):  # an ensemble loaded earlier loaded its step models with it
+                continue
             try:
                 await self.registry.load(name)
             except Exception as exc:  # one broken model must not keep the others from serving
@@ -189,18 +196,23 @@ class App:
         return None
 
     async def _start_front_ends(self) -> None:
+        from .protocol.tracing import build_tracer
+
         s = self.cfg.server
+        self.tracer = build_tracer(self.cfg.tracing, self.cfg.node_name)  # OTel missing for an endpoint: ConfigError
         if s.allow_http:
             from .protocol.http import start_http
 
             self.http = await start_http(self.dataplane, s.host, s.http_port, max_body_bytes=s.max_body_bytes,
                                          max_connections=s.max_connections, auth_token=s.auth_token,
                                          idle_timeout_s=s.idle_timeout_s, header_timeout_s=s.header_timeout_s,
-                                         body_timeout_s=s.body_timeout_s)
+                                         body_timeout_s=s.body_timeout_s, tls=listener_files(s, "http"),
+                                         tracer=self.tracer)
             self.ports["http"] = self.http.port
         if s.allow_grpc:
             grpc_kwargs = {"auth_token": s.auth_token, "peer_token": self.cfg.cluster.peer_token,
-                           "max_message_bytes": s.max_body_bytes}
+                           "max_message_bytes": s.max_body_bytes, "tls": listener_files(s, "grpc"),
+                           "tracer": self.tracer}
             if s.grpc_transport == "native":
                 from .protocol.grpc_native import start_grpc_native as start_grpc
 
@@ -219,64 +231,44 @@ class App:
                 token = metrics_bearer_token(s)
                 if token is None and s.auth_token:
                     log.warning("the metrics port is open (server.metrics_auth: none) although the API needs a token")
-                self.metrics = await start_metrics(self, s.host, s.metrics_port, auth_token=token)
+                self.metrics = await start_metrics(self, s.host, s.metrics_port, auth_token=token,
+                                                   tls=metrics_files(s))  # bad files: ConfigError (exit 2)
                 self.ports["metrics"] = self.metrics.port
 
     async def _start_cluster(self) -> None:
-        """With telemetry on: publish this node over MQTT, watch the peers, route and forward to them."""
-        t, c = self.cfg.telemetry, self.cfg.cluster
-        if not t.enabled:
+        """With telemetry on: this node joins the fleet (edge/cluster_node.py); the DataPlane routes through it."""
+        if not self.cfg.telemetry.enabled:
             return
-        from .core.fleet import FleetRouter, local_row_factory, local_snapshot
-        from .core.router import Router, RouterSet
-        from .edge.fleet_setup import build_agent, build_outliers
-        from .edge.peer_client import PeerClient
+        from .core.fleet import local_row_factory, local_snapshot
+        from .edge.cluster_node import start_cluster_node
+        from .protocol.metrics import placement_metric_provider
+        from .protocol.resource_metrics import fleet_metric_provider
 
-        caps = {"endpoints": {"grpc": f"{c.advertise_host}:{self.ports.get('grpc', 0)}",
+        try:
+            self.cluster = await start_cluster_node(
+                self.cfg, caps=self._caps(), registry=self.registry, energy=self.energy,
+                snapshot=lambda: local_snapshot(self.registry.loaded(), self.lanes, self.energy),
+                local_row=local_row_factory(self.registry, self.energy))
+        except GtServeError as exc:
+            raise SystemExit(f"gt-serve: {exc}") from None
+        self.fleet_link.connect(self.cluster.fleet, self.cluster.peer_client)
+        self.status_providers.append(self.cluster.status)
+        self.metric_providers.append(fleet_metric_provider(self.cluster.fleet, self.cluster.telemetry.view,
+                                                           time.monotonic))
+        if self.cluster.placement is not None:
+            self.metric_providers.append(placement_metric_provider(self.cluster.placement.counts))
+
+    def _caps(self) -> dict:
+        """What peers learn of this node: endpoints, devices, models, power profile."""
+        c = self.cfg.cluster
+        return {"endpoints": {"grpc": f"{c.advertise_host}:{self.ports.get('grpc', 0)}",
                               "http": f"{c.advertise_host}:{self.ports.get('http', 0)}"},
+                "tls": listener_files(self.cfg.server, "grpc") is not None,
                 "devices": [{"id": d, "kind": "gpu" if d.startswith("gpu") else "cpu", "memory_bytes": 0}
                             for d in sorted({lane.device for lane in self.lanes})],
                 "models": sorted({m.name for m in self.registry.loaded()}),
                 "power_profile": {"name": self.power_profile.name, "idle_w": self.power_profile.idle_w,
                                   "busy_w": self.power_profile.busy_w}}
-        snapshot = lambda: local_snapshot(self.registry.loaded(), self.lanes, self.energy)  # noqa: E731
-        try:
-            self.telemetry = build_agent(self.cfg, caps=caps, snapshot=snapshot)  # signed telemetry (cluster key)
-        except GtServeError as exc:
-            raise SystemExit(f"gt-serve: {exc}") from None
-        await self.telemetry.start()
-        r = self.cfg.router
-        router = RouterSet(Router(r.policy, r.epsilon),
-                           {model: Router(policy, r.epsilon) for model, policy in r.model_policies.items()})
-        slo = {m: ms / 1e3 for m, ms in r.slo_ms.items()}
-        self.fleet = FleetRouter(self.cfg.node_name, self.telemetry.view, router,
-                                 local_row=local_row_factory(self.registry, self.energy),
-                                 slo_s=lambda model: slo.get(model, float("inf")), outliers=build_outliers(self.cfg),
-                                 budget_s=c.forward_timeout_s)
-        self.peer_client = PeerClient(token=c.peer_token or self.cfg.server.auth_token, timeout_s=c.forward_timeout_s)
-        self.dataplane.fleet = self.fleet
-        self.dataplane.forward = lambda target, request, deadline_s=None, visited=frozenset(): self.peer_client.forward(
-            target.node, target.endpoint, request, deadline_s, visited, target.verified)  # token: verified peers only
-        self.dataplane.describe_peer = lambda target, model: self.peer_client.describe(target.node, target.endpoint,
-                                                                                      model, target.verified)
-        self.dataplane.max_hops = c.max_hops
-        self.status_providers.append(self._peers_status)
-        from .protocol.resource_metrics import fleet_metric_provider
-
-        self.metric_providers.append(fleet_metric_provider(self.fleet, self.telemetry.view, time.monotonic))
-        log.info("cluster '%s': node '%s' publishing to mqtt://%s:%d", c.name, self.cfg.node_name,
-                 t.broker_host, t.broker_port)
-
-    def _peers_status(self) -> dict:
-        now = time.monotonic()
-        return {"peers": [{"node": p.node, "state": p.health.value, "age_s": p.age_s,
-                           # from the peer's caps: empty until they arrive (the peer is not routable before)
-                           "grpc": (getattr(p.caps, "endpoints", None) or {}).get("grpc", ""),
-                           "models": list(getattr(p.caps, "models", ()))}
-                          for p in self.telemetry.view.peers(now)],
-                "routes": dict(self.fleet.decisions), "rerouted": dict(self.fleet.rerouted),
-                "broker_link": "down" if self.telemetry.view.link_is_down else "up",
-                "telemetry_rejected": dict(self.telemetry.stats.rejected)}
 
     def _write_port_file(self) -> None:
         path = self.cfg.server.port_file
@@ -298,10 +290,13 @@ class App:
     async def stop(self) -> None:
         drain_s = self.cfg.server.drain_timeout_s
         deadline_s = time.monotonic() + drain_s
-        if self.dataplane is not None:
-            self.dataplane.set_draining()
-        if self.telemetry is not None:
-            await self.telemetry.set_state("draining")
+        if self.readiness is not None:
+            self.readiness.set_draining()
+        if self._poll_task is not None:  # no loads or unloads while draining
+            self._poll_task.cancel()
+            await asyncio.gather(self._poll_task, return_exceptions=True)
+        if self.cluster is not None:
+            await self.cluster.begin_drain()
         # both front ends stop accepting at once, then drain their in-flight requests together
         closing = [self.http.close(drain_s)] if self.http is not None else []
         if self.grpc is not None:
@@ -309,10 +304,10 @@ class App:
         await asyncio.gather(*closing)
         if self.metrics is not None:
             await self.metrics.close(1.0)
-        if self.telemetry is not None:
-            await self.telemetry.stop()  # publishes 'offline', so peers see no last will
-        if self.peer_client is not None:
-            await self.peer_client.close()
+        if self.cluster is not None:
+            await self.cluster.close()
+        if self.tracer is not None:  # the spans still queued go to the collector (bounded by its timeout)
+            await asyncio.to_thread(self.tracer.close)
         if self.registry is not None:
             await self._close_models(deadline_s - time.monotonic())
         if self.scheduler is not None:

@@ -27,21 +27,20 @@ for _names, _why, _harmless in (
       "model-load-thread-count"), "one event loop serves every connection; execution lanes are sized by `lanes`",
      set()),
     (("allow-sagemaker", "allow-vertex-ai", "reuse-http-port", "reuse-grpc-port", "model-namespacing",
-      "grpc-use-ssl", "grpc-use-ssl-mutual", "grpc-keepalive-permit-without-calls"), "not supported",
+      "grpc-keepalive-permit-without-calls"), "not supported",
      {"false", "0"}),
     (("allow-gpu-metrics", "allow-cpu-metrics"), "device metrics follow --allow-metrics", {"*"}),
     (("backend-config", "backend-directory", "repoagent-directory", "host-policy", "rate-limit",
       "rate-limit-resource", "model-load-retry-count", "model-load-gpu-limit", "min-supported-compute-capability",
       "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size", "cuda-virtual-address-size",
-      "response-cache-byte-size", "cache-config", "cache-directory", "repository-poll-secs",
+      "cache-directory",
       "http-header-forward-pattern", "grpc-header-forward-pattern", "http-restricted-api",
-      "grpc-restricted-protocol", "grpc-infer-allocation-pool-size", "grpc-server-cert", "grpc-server-key",
-      "grpc-root-cert", "grpc-infer-response-compression-level", "grpc-keepalive-time", "grpc-keepalive-timeout",
+      "grpc-restricted-protocol", "grpc-infer-allocation-pool-size", "grpc-infer-response-compression-level", "grpc-keepalive-time", "grpc-keepalive-timeout",
       "grpc-http2-max-pings-without-data", "grpc-http2-min-recv-ping-interval-without-data",
       "grpc-http2-max-ping-strikes", "grpc-max-connection-age", "grpc-max-connection-age-grace",
       "sagemaker-port", "sagemaker-safe-port-range", "vertex-ai-port", "vertex-ai-default-model",
-      "metrics-interval-ms", "metrics-config", "trace-file", "trace-level", "trace-rate", "trace-count",
-      "trace-log-frequency", "trace-config"), "no gt_serve equivalent", set()),
+      "metrics-interval-ms", "metrics-config"), "no gt_serve equivalent", set()),
+    (("trace-file",), "traces are exported over OTLP (--trace-config opentelemetry,url=...), not to a file", set()),
     (("log-format", "log-file"), "gt_serve logs to stderr", set()),
     (("metrics-address",), "one --host binds every listener", set()),
 ):
@@ -59,17 +58,76 @@ class _TritonIgnored(argparse.Action):
 
 
 def _add_triton_flags(p: argparse.ArgumentParser) -> None:
+    _add_tls_flags(p)  # Triton's --grpc-use-ssl family, and its HTTP twin
     g = p.add_argument_group("Triton compatibility (accepted so Triton command lines work unchanged)")
     g.add_argument("--id", dest="server_name", help="as --server-name")
+    g.add_argument("--repository-poll-secs", type=float, dest="repository_poll_s", metavar="S",
+                   help="--model-control-mode poll: seconds between repository scans (default 15)")
+    g.add_argument("--cache-config", dest="response_cache_bytes", type=_cache_config, metavar="local,size=BYTES",
+                   help="response cache for models with response_cache { enable: true } (default: none)")
+    g.add_argument("--response-cache-byte-size", dest="response_cache_bytes", type=int, metavar="BYTES",
+                   help="as --cache-config local,size=BYTES")
     g.add_argument("--log-verbose", dest="triton_log_verbose", type=int, nargs="?", const=1, metavar="N",
                    help="N > 0: DEBUG logging")
     for level in ("info", "warning", "error"):
         g.add_argument(f"--log-{level}", dest=f"triton_log_{level}", type=_bool, nargs="?", const=True,
                        metavar="BOOL", help=f"false: drop {level.upper()} messages")
+    g.add_argument("--trace-config", dest="trace_config", action="append", type=_trace_setting,
+                   metavar="[MODE,]SETTING=VALUE", help="request tracing, as Triton's: level=TIMESTAMPS, rate=N, "
+                   "count=N, mode=opentelemetry, opentelemetry,url=http://HOST:4318/v1/traces")
+    g.add_argument("--trace-level", dest="trace_level_flag", metavar="LEVEL", help="as --trace-config level=LEVEL")
+    g.add_argument("--trace-rate", dest="trace_rate_flag", type=int, metavar="N", help="as --trace-config rate=N")
+    g.add_argument("--trace-count", dest="trace_count_flag", metavar="N", help="as --trace-config count=N")
+    g.add_argument("--trace-log-frequency", dest="trace_log_frequency_flag", type=int, metavar="N",
+                   help="as --trace-config log-frequency=N")
     for name in _TRITON_IGNORED:
         nargs = 0 if name == "disable-auto-complete-config" else "?"
         g.add_argument(f"--{name}", dest="triton_ignored", action=_TritonIgnored, nargs=nargs,
                        help=argparse.SUPPRESS)
+
+
+_TRACE_GLOBAL = {"level": "level", "rate": "rate", "count": "count", "mode": "mode", "log-frequency": "log_frequency"}
+_TRACE_OTEL = {"url": "otlp_endpoint", "bsp_max_queue_size": "max_queue_spans", "bsp_schedule_delay": "export_delay_ms"}
+_TRACE_INTS = ("rate", "log_frequency", "max_queue_spans", "export_delay_ms")
+
+
+def _trace_setting(text: str) -> tuple[str, object]:
+    """Triton's --trace-config [MODE,]SETTING=VALUE -> (tracing config key, value)."""
+    mode, _, setting = text.rpartition(",") if "=" not in text.partition(",")[0] else ("", "", text)
+    key, _, value = setting.partition("=")
+    key, value = key.strip(), value.strip()
+    if mode == "opentelemetry" and key == "resource":
+        name, _, resource_value = value.partition("=")
+        if name.strip() != "service.name" or not resource_value.strip():
+            raise argparse.ArgumentTypeError(f"only the resource service.name=NAME is supported, got {value!r}")
+        return "service_name", resource_value.strip()
+    table = {"": _TRACE_GLOBAL, "opentelemetry": _TRACE_OTEL, "triton": {"log-frequency": "log_frequency"}}.get(mode)
+    name = table.get(key) if table is not None else None
+    if name is None or not value:
+        raise argparse.ArgumentTypeError(
+            f"unsupported trace setting {text!r}: expected level=, rate=, count=, mode=, log-frequency=, "
+            "opentelemetry,url=, opentelemetry,resource=service.name=NAME, opentelemetry,bsp_max_queue_size= "
+            "or opentelemetry,bsp_schedule_delay=")
+    if name == "otlp_endpoint" and "://" not in value:
+        value = f"http://{value}"  # Triton takes host:port/path
+    if name == "level":
+        value = value.upper()
+    if name in _TRACE_INTS:
+        if not value.isdigit():
+            raise argparse.ArgumentTypeError(f"trace setting {key} must be a non-negative integer, got {value!r}")
+        return name, int(value)
+    return name, value
+
+
+def _trace_overrides(args: argparse.Namespace) -> dict:
+    """--trace-config settings, then Triton's older --trace-level/-rate/-count/-log-frequency flags."""
+    out = dict(args.trace_config or ())
+    for flag, key in (("trace_level_flag", "level"), ("trace_rate_flag", "rate"), ("trace_count_flag", "count"),
+                      ("trace_log_frequency_flag", "log_frequency")):
+        value = getattr(args, flag)
+        if value is not None:
+            out[key] = value.upper() if key == "level" else value
+    return out
 
 
 def _triton_log_level(args: argparse.Namespace) -> str | None:
@@ -94,6 +152,28 @@ def _ignored_notes(args: argparse.Namespace) -> list[str]:
     return notes
 
 
+def _add_tls_flags(p: argparse.ArgumentParser) -> None:
+    """Triton's --grpc-use-ssl family, and the same for HTTP (Triton has none: it sits behind a proxy)."""
+    g = p.add_argument_group("TLS (PEM files; *-use-ssl-mutual implies *-use-ssl and requires client certificates)")
+    for port in ("http", "grpc"):
+        g.add_argument(f"--{port}-use-ssl", type=_bool, nargs="?", const=True, metavar="BOOL")
+        g.add_argument(f"--{port}-use-ssl-mutual", type=_bool, nargs="?", const=True, metavar="BOOL")
+        g.add_argument(f"--{port}-server-cert", metavar="PEM", help="certificate chain of this server")
+        g.add_argument(f"--{port}-server-key", metavar="PEM", help="its private key")
+        g.add_argument(f"--{port}-root-cert", metavar="PEM", help="CA of the client certificates (mutual TLS)")
+    g.add_argument("--metrics-use-ssl", type=_bool, nargs="?", const=True, metavar="BOOL",
+                   help="the metrics port over HTTPS with the HTTP certificate")
+
+
+def _cache_config(text: str) -> int:
+    """Triton's --cache-config local,size=N -> N bytes (the local cache is the only one)."""
+    kind, _, setting = text.partition(",")
+    key, _, value = setting.partition("=")
+    if kind.strip() != "local" or key.strip() != "size" or not value.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected local,size=BYTES (the local cache only), got {text!r}")
+    return int(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gt-serve", description="KServe V2 / Triton-compatible inference server for ONNX models")
     p.add_argument("--model-repository", "--model-store", dest="model_repository", action="append",
@@ -104,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", "--http-address", "--grpc-address", dest="host", help="address to bind (default 0.0.0.0)")
     p.add_argument("--config", help="node YAML (see edge_configs/)")
     p.add_argument("--model-control-mode", choices=["none", "explicit", "poll"],
-                   help="none: load everything; explicit: load API; poll: as none (no repository polling)")
+                   help="none: load everything; explicit: load API; poll: as none, then rescan every --repository-poll-secs")
     p.add_argument("--load-model", action="append", dest="load_models", metavar="NAME",
                    help="with explicit mode, load NAME at start ('*' = all); repeatable")
     p.add_argument("--server-name", help="name reported by server metadata (default gt_serve; 'triton' for Triton clients)")
@@ -137,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     overrides = {k: v for k, v in vars(args).items()
-                 if k not in ("config", "request_timeout_ms") and not k.startswith("triton_") and v is not None}
+                 if k not in ("config", "request_timeout_ms") and not k.startswith(("triton_", "trace_"))
+                 and v is not None}
     notes = _ignored_notes(args)
     if args.model_repository:
         overrides["model_repository"] = args.model_repository[0]
@@ -146,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{args.model_repository[0]}")
     if args.log_level is None and _triton_log_level(args) is not None:
         overrides["log_level"] = _triton_log_level(args)
+    if _trace_overrides(args):
+        overrides["tracing"] = _trace_overrides(args)
     if args.load_models:
         overrides["load_models"] = tuple(args.load_models)
     if args.request_timeout_ms is not None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from .tls import validate_server_tls
 
 MODEL_CONTROL_MODES = ("none", "explicit", "poll")
 ROUTER_POLICIES = ("balanced", "latency", "energy", "round_robin", "least_loaded", "cosine")
@@ -28,11 +29,15 @@ class ServerConfig:
     metrics_port: int = 8002
     model_repository: str | None = None  # None = the bundled demo repository
     model_control_mode: str = "none"
+    repository_poll_s: float = 15.0  # model_control_mode "poll": seconds between repository scans (Triton's default)
     load_models: tuple[str, ...] = ()
     port_file: str | None = None
     max_body_bytes: int = 256 * 1024 * 1024
     max_connections: int = 1024
     max_batch_size: int = 0  # server-wide cap on a request's batch (0 = only the model's limit)
+    # Triton's response cache (--cache-config local,size=N): bytes for every model with response_cache
+    # { enable: true } together; 0 = no cache (such a model then fails to load)
+    response_cache_bytes: int = 0
     request_timeout_s: float = 0.0  # default per-request deadline (0 = none)
     idle_timeout_s: float = 60.0
     # HTTP/1.1 slow clients: a request's line + headers must arrive within header_timeout_s of its first byte
@@ -55,13 +60,28 @@ class ServerConfig:
     allow_http: bool = True
     allow_metrics: bool = True
     log_level: str = "INFO"
+    # TLS (gt_serve/tls.py), Triton's --grpc-use-ssl family and its HTTP twin; *_use_ssl_mutual implies *_use_ssl
+    # and requires client certificates that chain to *_root_cert
+    http_use_ssl: bool = False
+    http_server_cert: str | None = None
+    http_server_key: str | None = None
+    http_root_cert: str | None = None
+    http_use_ssl_mutual: bool = False
+    grpc_use_ssl: bool = False
+    grpc_server_cert: str | None = None
+    grpc_server_key: str | None = None
+    grpc_root_cert: str | None = None
+    grpc_use_ssl_mutual: bool = False
+    metrics_use_ssl: bool = False  # the metrics port over HTTPS with the HTTP certificate (no client certificates)
 
 
 @dataclass(frozen=True)
 class LanesConfig:
     cpu_lanes: int = 0  # 0 = chosen from the core count
     intra_op_threads: int = 0  # per lane; 0 = cores / lanes
-    spin_us: int = 50  # onnxruntime intra-op threads spin this long before sleeping (0 = never spin)
+    # onnxruntime intra-op threads spin this long within a run before sleeping (0 = never spin; they never spin
+    # after a run). 0 by default: spinning cost ~25 % more CPU per inference at 1 client (issue #17)
+    spin_us: int = 0
     gpu_streams_per_device: int = 2
     gpus: tuple[int, ...] = ()  # empty = every visible GPU
     # onnxruntime IO binding to pooled device buffers: "auto" = on GPU lanes, "always" = CPU lanes too, "never"
@@ -112,6 +132,45 @@ class ClusterConfig:
     slow_min_s: float = 0.25
     eject_after_failures: int = 3
     ejection_s: float = 2.0
+    # mutual TLS to peers (edge/peer_client.py): their gRPC certificates must chain to tls_ca_file; this node
+    # presents tls_cert_file/tls_key_file. Set = every forward goes over TLS
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """The placement loop (edge/placement_loop.py, policy core/placement.py; issue #18). Off by default.
+    A node receives replicas only in model_control_mode explicit (the peer's load is authenticated by the
+    peer token); `memory_budget_bytes` bounds what replicas placed on this node may take (0 = free memory)."""
+    enabled: bool = False
+    check_period_s: float = 5.0
+    max_per_minute: int = 2
+    cold_after_s: float = 300.0
+    hold_s: float = 10.0
+    cooldown_s: float = 60.0
+    high_water: float = 1.0  # demand / what the lanes serve within SLO above which a model is over
+    peer_max_utilisation: float = 0.5
+    energy_slack: float = 0.1
+    memory_budget_bytes: int = 0
+    memory_factor: float = 3.0  # a replica's memory estimate: model file bytes x this
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    """Request tracing (protocol/tracing.py), Triton's trace settings; off by default. `level` TIMESTAMPS
+    needs `otlp_endpoint` (an OTLP/HTTP collector, e.g. http://127.0.0.1:4318/v1/traces); the settings can
+    then be changed at run time over /v2/trace/setting and gRPC TraceSetting."""
+    level: str = "OFF"  # OFF | TIMESTAMPS (TENSORS is not supported)
+    rate: int = 1000  # trace 1 request in `rate` (0 = none)
+    count: str = "-1"  # stop after this many traces; -1 = no limit (a string: config integers are >= 0)
+    log_frequency: int = 0  # kept and reported (it applies to Triton's trace file, not written here)
+    mode: str = "opentelemetry"  # Triton's `triton` mode (a JSON trace file) is not supported
+    otlp_endpoint: str | None = None
+    service_name: str = "gt_serve"
+    max_queue_spans: int = 2048  # spans waiting for export; more are dropped, requests never wait
+    export_delay_ms: int = 5000  # the exporter sends what is queued at least this often
 
 
 @dataclass(frozen=True)
@@ -122,13 +181,16 @@ class Config:
     router: RouterConfig = field(default_factory=RouterConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     power_profile: Mapping[str, Any] = field(default_factory=dict)
     models: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-model knobs (batching, slo, placement)
     pipelines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> stage models, in order
 
 
 _SECTIONS = {"server": ServerConfig, "lanes": LanesConfig, "router": RouterConfig,
-             "telemetry": TelemetryConfig, "cluster": ClusterConfig}
+             "telemetry": TelemetryConfig, "cluster": ClusterConfig, "placement": PlacementConfig,
+             "tracing": TracingConfig}
 
 
 def _coerce(section: str, cls, raw: Mapping[str, Any]):
@@ -229,6 +291,9 @@ def validate(cfg: Config) -> None:
     if s.model_control_mode not in MODEL_CONTROL_MODES:
         raise ConfigError(f"config key 'server.model_control_mode' must be one of {MODEL_CONTROL_MODES}, "
                           f"got {s.model_control_mode!r}")
+    if not s.repository_poll_s > 0:
+        raise ConfigError(f"config key 'server.repository_poll_s' must be a positive number of seconds, "
+                          f"got {s.repository_poll_s!r}")
     for key in ("http_port", "grpc_port", "metrics_port"):
         port = getattr(s, key)
         if not 0 <= port <= 65535:
@@ -241,6 +306,7 @@ def validate(cfg: Config) -> None:
     if s.event_loop not in EVENT_LOOPS:
         raise ConfigError(f"config key 'server.event_loop' must be one of {EVENT_LOOPS}, got {s.event_loop!r}")
     _validate_metrics_auth(s)
+    validate_server_tls(s)
     if cfg.router.policy not in ROUTER_POLICIES:
         raise ConfigError(f"config key 'router.policy' must be one of {ROUTER_POLICIES}, got {cfg.router.policy!r}")
     for model, policy in cfg.router.model_policies.items():
@@ -256,8 +322,40 @@ def validate(cfg: Config) -> None:
     if cfg.telemetry.period_s <= 0:
         raise ConfigError(f"config key 'telemetry.period_s' must be positive, got {cfg.telemetry.period_s!r}")
     _validate_cluster(cfg.cluster)
+    _validate_placement(cfg.placement)
+    _validate_tracing(cfg.tracing)
     if not isinstance(cfg.models, Mapping) or any(not isinstance(v, Mapping) for v in cfg.models.values()):
         raise ConfigError("config key 'models' must map model names to mappings")
+
+
+def _validate_tracing(t: TracingConfig) -> None:
+    if t.level not in ("OFF", "TIMESTAMPS"):
+        raise ConfigError(f"config key 'tracing.level' must be OFF or TIMESTAMPS (TENSORS is not supported: this "
+                          f"server records timestamps only), got {t.level!r}")
+    if t.mode != "opentelemetry":
+        raise ConfigError(f"config key 'tracing.mode' must be opentelemetry (Triton's '{t.mode}' trace file is not "
+                          "supported)")
+    if not t.count.lstrip("-").isdigit() or int(t.count) < -1 or int(t.count) > 2**31 - 1:
+        raise ConfigError(f"config key 'tracing.count' must be -1 (no limit) or a count of traces, got {t.count!r}")
+    if t.rate > 2**32 - 1 or t.log_frequency > 2**32 - 1:
+        raise ConfigError("config keys 'tracing.rate' and 'tracing.log_frequency' must fit in 32 bits")
+    if t.level != "OFF" and not t.otlp_endpoint:
+        raise ConfigError("tracing.level TIMESTAMPS needs an OTLP endpoint: tracing.otlp_endpoint, or "
+                          "--trace-config opentelemetry,url=http://HOST:4318/v1/traces")
+    if t.otlp_endpoint and not t.otlp_endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"config key 'tracing.otlp_endpoint' must be an http:// or https:// URL (OTLP/HTTP), "
+                          f"got {t.otlp_endpoint[:200]!r}")
+    if t.max_queue_spans < 1 or t.export_delay_ms < 1:
+        raise ConfigError("config keys 'tracing.max_queue_spans' and 'tracing.export_delay_ms' must be positive")
+
+
+def _validate_placement(p: PlacementConfig) -> None:
+    for name in ("check_period_s", "max_per_minute", "cold_after_s", "high_water", "memory_factor"):
+        if not getattr(p, name) > 0:
+            raise ConfigError(f"config key 'placement.{name}' must be positive, got {getattr(p, name)!r}")
+    for name in ("hold_s", "cooldown_s", "energy_slack", "memory_budget_bytes"):
+        if getattr(p, name) < 0:
+            raise ConfigError(f"config key 'placement.{name}' must be 0 or more, got {getattr(p, name)!r}")
 
 
 def _validate_cluster(c: ClusterConfig) -> None:
@@ -273,6 +371,8 @@ def _validate_cluster(c: ClusterConfig) -> None:
             raise ConfigError(f"config key 'cluster.{name}' must be positive, got {getattr(c, name)!r}")
     if c.slow_factor < 1 or c.eject_after_failures < 1:
         raise ConfigError("config keys 'cluster.slow_factor' and 'cluster.eject_after_failures' must be at least 1")
+    if (c.tls_cert_file or c.tls_key_file) and not (c.tls_ca_file and c.tls_cert_file and c.tls_key_file):
+        raise ConfigError("config keys 'cluster.tls_cert_file' and 'cluster.tls_key_file' go with 'cluster.tls_ca_file'")
 
 
 def _validate_metrics_auth(s: ServerConfig) -> None:
@@ -379,7 +479,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: Mapping[str, A
     if env.get("GT_EVENT_LOOP"):
         server.setdefault("event_loop", env["GT_EVENT_LOOP"])
     for key, value in (overrides or {}).items():
-        if value is not None:
+        if key == "tracing" and isinstance(value, Mapping):  # --trace-config: the tracing section's keys
+            raw = {**raw, "tracing": {**(raw.get("tracing") or {}), **value}}
+        elif value is not None:
             server[key] = value
     raw = {**raw, "server": server}
     cluster = dict(raw.get("cluster") or {})

@@ -70,3 +70,23 @@ class NodeEnergy:
 
     def power_w(self) -> dict[str, float]:
         return {device: meter.power_w() for device, meter in self.unique_meters().items()}
+
+
+def build_node_energy(devices: list[str], profile: Any) -> NodeEnergy:
+    """The energy books for this node's devices: the profile's power model for each, metered by NVML
+    for GPUs that have it, by RAPL / Jetson rails for the rest, else by the profile's static figure."""
+    from ..backends.power import StaticProfileMeter, detect_meters
+
+    model = EnergyModel()
+    for device in devices:
+        model.add_device(device, profile)
+    found = detect_meters(idle_w=None)
+    gpu_meters = [m for m in found if m.name.startswith("nvml")]
+    node_meter = next((m for m in found if not m.name.startswith("nvml")), None)
+    if node_meter is None:
+        node_meter = StaticProfileMeter(profile.idle_w, name=f"static:{profile.name}")
+    meters = {}
+    for device in devices:
+        gpu = int(device[4:]) if device.startswith("gpu:") else -1
+        meters[device] = gpu_meters[gpu] if 0 <= gpu < len(gpu_meters) else node_meter
+    return NodeEnergy(model, meters)

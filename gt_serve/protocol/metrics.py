@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from ..tls import TlsFiles, server_context
 from .http_server import HttpServer, Request, Response, json_error
 from .status_page import STATUS_HTML
 
@@ -86,7 +87,33 @@ class ServerCollector:
         yield busy
         yield runs
         yield inflight
+        yield from self._cache(app, models)
         yield from self._extra(app)
+
+    @staticmethod
+    def _cache(app: Any, models: list):
+        """Triton's response cache metrics (per model with the cache on), and the cache's fill."""
+        cache = getattr(app, "response_cache", None)
+        if cache is None:
+            return
+        cached = [m for m in models if m.config.response_cache.enable]
+        for name, doc, key, field in (
+                ("nv_cache_num_hits_per_model", "Number of cache hits per model", "cache_hit", "count"),
+                ("nv_cache_num_misses_per_model", "Number of cache misses per model", "cache_miss", "count"),
+                ("nv_cache_hit_duration_per_model", "Total cache hit duration per model (microseconds)",
+                 "cache_hit", "ns"),
+                ("nv_cache_miss_duration_per_model", "Total cache miss (lookup + insertion) duration per model (us)",
+                 "cache_miss", "ns")):
+            fam = CounterMetricFamily(name, doc, labels=["model", "version"])
+            for m in cached:
+                value = getattr(m.stats.durations[key], field)
+                fam.add_metric([m.name, m.version], value / 1e3 if field == "ns" else value)
+            yield fam
+        yield GaugeMetricFamily("gt_response_cache_bytes", "Bytes held by the response cache", value=cache.used_bytes)
+        yield GaugeMetricFamily("gt_response_cache_capacity_bytes", "Response cache capacity",
+                                value=cache.capacity_bytes)
+        yield GaugeMetricFamily("gt_response_cache_entries", "Responses held by the response cache", value=len(cache))
+        yield CounterMetricFamily("gt_response_cache_evictions", "Responses evicted to make room", value=cache.evictions)
 
     def _extra(self, app: Any):
         """Energy, router and peers: present once those parts are wired into the app."""
@@ -103,6 +130,18 @@ class ServerCollector:
 
 _METRICS_HEADERS = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
 _TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary"}
+
+
+def placement_metric_provider(counts: dict):
+    """gt_placement_decisions_total{action,reason} from the placement loop's counts (issue #18)."""
+    def collect():
+        fam = CounterMetricFamily("gt_placement_decisions_total",
+                                  "Placement decisions by action (load, unload, none, load_failed) and reason",
+                                  labels=["action", "reason"])
+        for (action, reason), n in sorted(counts.items()):
+            fam.add_metric([action, reason], n)
+        yield fam
+    return collect
 
 
 def _escape_label(value: str) -> str:
@@ -211,8 +250,10 @@ class MetricsFrontEnd:
         await self.server.close(drain_timeout_s)
 
 
-async def start_metrics(app: Any, host: str, port: int, auth_token: str | None = None) -> MetricsFrontEnd:
-    """Serve /metrics, /status.json and the status page; with `auth_token`, every route needs it."""
+async def start_metrics(app: Any, host: str, port: int, auth_token: str | None = None,
+                        tls: TlsFiles | None = None) -> MetricsFrontEnd:
+    """Serve /metrics, /status.json and the status page; with `auth_token`, every route needs it; HTTPS with
+    `tls` (no client certificates asked)."""
     front = MetricsFrontEnd(app, auth_token)
-    await front.server.start(host, port)
+    await front.server.start(host, port, server_context(tls, ("http/1.1",)) if tls is not None else None)
     return front

@@ -153,11 +153,11 @@ def test_triton_flags_map_onto_config_keys():
 def test_triton_flags_without_meaning_are_noted_not_fatal():
     from gt_serve.cli import _ignored_notes, build_parser
 
-    args = build_parser().parse_args(["--http-thread-count", "8", "--grpc-use-ssl=true", "--allow-sagemaker=false",
+    args = build_parser().parse_args(["--http-thread-count", "8", "--grpc-keepalive-time=7", "--allow-sagemaker=false",
                                       "--strict-model-config=false", "--disable-auto-complete-config",
                                       "--backend-config=onnxruntime,x=1", "--metrics-address", "0.0.0.0"])
     notes = "\n".join(_ignored_notes(args))
-    for flag in ("--http-thread-count=8", "--grpc-use-ssl=true", "--disable-auto-complete-config",
+    for flag in ("--http-thread-count=8", "--grpc-keepalive-time=7", "--disable-auto-complete-config",
                  "--backend-config=onnxruntime,x=1", "--metrics-address=0.0.0.0"):
         assert f"ignoring Triton flag {flag}" in notes
     assert "sagemaker" not in notes and "strict-model-config" not in notes  # values that change nothing
