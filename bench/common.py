@@ -5,7 +5,7 @@
     RaplMeter()                          package energy from /sys/class/powercap/intel-rapl:N/energy_uj, when readable
     CpuEnergyWindow(pid, rapl)           both, before/after one load point
 
-bench/ never imports tests/: a benchmark starts what it needs itself (gt_serve.launcher, gt_serve.testing).
+bench/ never imports tests/: a benchmark starts what it needs itself (gt_serve.testing.launcher, gt_serve.testing).
 """
 from __future__ import annotations
 

@@ -125,7 +125,7 @@ def main() -> int:
     import rawload
     from run_bench import build_repo
 
-    from gt_serve.launcher import launch
+    from gt_serve.testing.launcher import launch
 
     loadgen.install_uvloop()
     tmp = Path(tempfile.mkdtemp(prefix="gt_gpu_"))

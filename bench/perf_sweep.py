@@ -42,8 +42,8 @@ sys.path.insert(0, str(HERE))
 import sweep_servers
 from common import CpuEnergyWindow, RaplMeter, emit
 
-from gt_serve import model_builders as mb
-from gt_serve.launcher import launch
+from gt_serve.testing import model_builders as mb
+from gt_serve.testing.launcher import launch
 
 MODELS = {"mlp": ([256], lambda p: mb.mlp(p)), "convnet": ([3, 64, 64], lambda p: mb.cnn(p, head="dense"))}
 CONFIG = """name: "{name}"

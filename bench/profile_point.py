@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from gt_serve.launcher import launch  # noqa: E402
+from gt_serve.testing.launcher import launch  # noqa: E402
 
 import run_bench  # noqa: E402
 

@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gt_serve import model_builders as mb  # noqa: E402
-from gt_serve.launcher import launch  # noqa: E402
+from gt_serve.testing import model_builders as mb  # noqa: E402
+from gt_serve.testing.launcher import launch  # noqa: E402
 
 import loadgen  # noqa: E402
 from common import emit  # noqa: E402

@@ -35,7 +35,7 @@ import psutil
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # an uninstalled checkout still finds gt_serve
 
-from gt_serve.launcher import launch  # noqa: E402
+from gt_serve.testing.launcher import launch  # noqa: E402
 LOCUSTFILE = REPO_ROOT / "tests" / "load" / "locustfile.py"
 MIB = 1024 * 1024
 

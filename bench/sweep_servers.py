@@ -1,6 +1,6 @@
 """The servers bench/perf_sweep.py measures, behind one small handle: ports, pid, inference counts, stop.
 
-gt-serve comes from gt_serve.launcher; Triton 2.51 from the nvidia-pytriton 0.7.0 wheel in a venv (see
+gt-serve comes from gt_serve.testing.launcher; Triton 2.51 from the nvidia-pytriton 0.7.0 wheel in a venv (see
 perf_sweep.py's docstring), started on free loopback ports with its Python backend.
 """
 from __future__ import annotations

@@ -26,8 +26,8 @@ from tritonclient.grpc import service_pb2 as pb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gt_serve import model_builders as mb  # noqa: E402
-from gt_serve.launcher import launch  # noqa: E402
+from gt_serve.testing import model_builders as mb  # noqa: E402
+from gt_serve.testing.launcher import launch  # noqa: E402
 from gt_serve.testing.tls_certs import TestCA  # noqa: E402
 
 _INFER = "/inference.GRPCInferenceService/ModelInfer"

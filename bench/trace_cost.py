@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit  # noqa: E402
 from tls_cost import drive_grpc, drive_http, measure, raw_ort_us  # noqa: E402
 
-from gt_serve import model_builders as mb  # noqa: E402
-from gt_serve.launcher import launch  # noqa: E402
+from gt_serve.testing import model_builders as mb  # noqa: E402
+from gt_serve.testing.launcher import launch  # noqa: E402
 from gt_serve.testing.otlp_receiver import OtlpReceiver  # noqa: E402
 
 

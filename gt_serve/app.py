@@ -73,7 +73,7 @@ class App:
     def _repository(self) -> Path:
         if self.cfg.server.model_repository:
             return Path(self.cfg.server.model_repository)
-        from .model_builders import demo_repository
+        from .testing.model_builders import demo_repository
 
         self._demo_dir = Path(tempfile.mkdtemp(prefix="gt_serve_demo_"))
         log.info("no --model-repository given: serving the bundled demo repository")

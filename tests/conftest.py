@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gt_serve.launcher import ServerProcess, launch
+from gt_serve.testing.launcher import ServerProcess, launch
 from tests.models import build_repository
 
 

@@ -1,9 +1,9 @@
-"""The test model repository, generated with the onnx helper API (gt_serve.model_builders)."""
+"""The test model repository, generated with the onnx helper API (gt_serve.testing.model_builders)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 
 
 def build_repository(root: Path) -> Path:

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 from gt_serve.execution.batch_job import BatchJob
 from gt_serve.execution.bound_job import BoundBatchJob
 from gt_serve.execution.job_factory import JobFactory

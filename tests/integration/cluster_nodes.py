@@ -4,7 +4,7 @@
         a, b = cluster.start({"a": ["simple"], "b": ["classifier"]})
         cluster.wait_peers(a, live={"b"})
 
-Each node gets its own model repository (built with gt_serve.model_builders), its own node YAML
+Each node gets its own model repository (built with gt_serve.testing.model_builders), its own node YAML
 (short telemetry period, 1 s keepalive: failures are detected in about a second; a cluster key, so
 telemetry is signed, unless the cluster is made with key=None) and its own work folder. Nodes start in parallel; every wait polls with a deadline and names what it waited for.
 """
@@ -22,8 +22,8 @@ from typing import Callable, Iterable, TypeVar
 
 import numpy as np
 
-from gt_serve import model_builders as mb
-from gt_serve.launcher import ServerProcess, launch
+from gt_serve.testing import model_builders as mb
+from gt_serve.testing.launcher import ServerProcess, launch
 from gt_serve.testing.mosquitto import Mosquitto
 
 PERIOD_S = 0.5

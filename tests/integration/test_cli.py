@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import tritonclient.http as httpclient
 
-from gt_serve.launcher import launch
+from gt_serve.testing.launcher import launch
 
 
 def test_no_flags_serves_the_bundled_demo(tmp_path):

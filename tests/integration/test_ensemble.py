@@ -11,7 +11,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 from tests.conftest import start_server
 
 STEP = '''  {{ model_name: "{model}" model_version: -1

@@ -15,7 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 from gt_serve.protocol.grpc_native import PREFACE, parse_timeout as _parse_timeout
 from tests.conftest import start_server
 

@@ -663,7 +663,7 @@ async def test_bearer_auth(grpc_transport):
 
 
 def test_bearer_auth_real_server(model_repo, tmp_path, grpc_transport):
-    from gt_serve.launcher import launch
+    from gt_serve.testing.launcher import launch
 
     with launch(["--model-repository", str(model_repo), "--auth-token", "tok-123"],
                 workdir=tmp_path, env={"GT_GRPC_TRANSPORT": grpc_transport}) as srv:

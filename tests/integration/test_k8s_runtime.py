@@ -19,8 +19,8 @@ import pytest
 import yaml
 from onnx import TensorProto, helper
 
-from gt_serve import model_builders as mb
-from gt_serve.launcher import launch
+from gt_serve.testing import model_builders as mb
+from gt_serve.testing.launcher import launch
 from tests.conftest import start_server
 from gt_serve.testing.mosquitto import Mosquitto, mosquitto_binary
 

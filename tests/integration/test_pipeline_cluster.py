@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 from gt_serve.tools import shard
 from tests.integration.cluster_nodes import EdgeCluster, peer_states, wait_for
 from gt_serve.testing.mosquitto import mosquitto_binary

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 from tests.conftest import start_server
 
 POLL_S = 0.2

@@ -6,7 +6,7 @@ import pytest
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 from tests.conftest import start_server
 
 

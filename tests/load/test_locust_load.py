@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gt_serve.launcher import ServerProcess, launch
+from gt_serve.testing.launcher import ServerProcess, launch
 
 # never import locust here: importing it monkey-patches the stdlib with gevent for the whole pytest
 # process (threads become greenlets, and every later test that blocks a thread hangs); it runs as a

@@ -21,7 +21,7 @@ import pytest
 from hpack import Encoder
 from tritonclient.grpc import service_pb2 as pb
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 from gt_serve.protocol.h2 import frames as f
 from gt_serve.protocol.h2.hpack_cache import HeaderDecoder
 from gt_serve.protocol.h2.limits import H2Limits

@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 from gt_serve.core.repository_paths import UPLOAD_PREFIX, shown
 from tests.conftest import start_server
 

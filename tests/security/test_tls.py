@@ -19,8 +19,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from gt_serve import model_builders as mb
-from gt_serve.launcher import launch
+from gt_serve.testing import model_builders as mb
+from gt_serve.testing.launcher import launch
 from gt_serve.testing.tls_certs import TestCA
 
 pytestmark = pytest.mark.security

@@ -56,7 +56,7 @@ FUNCTION_EXCEPTIONS: dict[str, str] = {
                                             "(a call per check costs per request)",
     "datatypes.py::array_from_list": "one branch per V2 datatype family; a table would read better",
     "edge/telemetry.py::TelemetryAgent.__init__": "many typed settings; candidates for a settings dataclass",
-    "launcher.py::launch": "test/bench helper outside the layers: spawn, wait for the port file, report",
+    "testing/launcher.py::launch": "test/bench helper outside the layers: spawn, wait for the port file, report",
     "protocol/grpc_codec.py::request_from_proto": "hot path decode of a ModelInferRequest in one frame, on purpose",
     "protocol/http_infer.py::decode_request": "hot path JSON/binary request decode in one frame, on purpose",
     "protocol/http_infer.py::_decode_input": "hot path: one input's datatype/shape/binary checks in one frame",

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 from gt_serve.backends.numpy_backend import NumpyBackend
 from gt_serve.backends.onnx_runner import OnnxRunner, buffer_pointer
 from gt_serve.execution.batch_job import BatchJob

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 from gt_serve.backends.onnx_runner import describe_model
 from gt_serve.core.dataplane import HOPS_PARAMETER, DataPlane
 from gt_serve.core.fleet import FleetRouter

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 from gt_serve.backends.onnx_runner import GraphTensor, OnnxRunner
 from gt_serve.core.model_config import complete_config, parse_pbtxt, spec_from_config
 from gt_serve.core.model_config_fields import (

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 import yaml
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 from gt_serve.tools import shard
 from gt_serve.config import parse_config
 from gt_serve.core.model_config import parse_pbtxt

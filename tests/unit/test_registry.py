@@ -4,7 +4,7 @@ import asyncio
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 from gt_serve.backends.onnx_runner import OnnxRunner, describe_model
 from gt_serve.core.model_host import LocalModelHost
 from gt_serve.core.stream_scheduler import StreamScheduler

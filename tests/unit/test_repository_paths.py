@@ -9,7 +9,7 @@ import sys
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from gt_serve import model_builders as mb
+from gt_serve.testing import model_builders as mb
 from gt_serve.backends.onnx_runner import describe_model
 from gt_serve.core.model_config import read_labels
 from gt_serve.core.registry import ModelRegistry
