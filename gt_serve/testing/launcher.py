@@ -84,7 +84,7 @@ def launch(args: list[str], *, workdir: Path | None = None, env: dict | None = N
             full += [flag, value]
     full += ["--port-file", str(port_file), *args]
     child_env = dict(os.environ)
-    src_root = str(Path(__file__).resolve().parent.parent)
+    src_root = str(Path(__file__).resolve().parents[2])  # the directory holding the gt_serve package
     child_env["PYTHONPATH"] = src_root + os.pathsep + child_env.get("PYTHONPATH", "")
     if env:
         child_env.update(env)
