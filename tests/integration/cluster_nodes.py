@@ -174,3 +174,14 @@ class EdgeCluster:
             if node.proc.poll() is None:
                 others = {n for n, p in self.nodes.items() if n != name and p.proc.poll() is None}
                 self.wait_peers(node, live=others, timeout_s=timeout_s)
+
+
+def simple_inputs(client_mod, value: int) -> list:
+    """`simple`'s two INT32 [1, 16] inputs (INPUT0 = value, INPUT1 = 1) for a tritonclient module
+    (tritonclient.http or tritonclient.grpc): OUTPUT0 is then value + 1 everywhere."""
+    inputs = []
+    for name, data in (("INPUT0", np.full((1, 16), value, np.int32)), ("INPUT1", np.ones((1, 16), np.int32))):
+        inp = client_mod.InferInput(name, [1, 16], "INT32")
+        inp.set_data_from_numpy(data)
+        inputs.append(inp)
+    return inputs

@@ -15,7 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.integration.cluster_nodes import EdgeCluster, peer_states, status, wait_for
+from tests.integration.cluster_nodes import EdgeCluster, peer_states, simple_inputs, status, wait_for
 from gt_serve.testing.mosquitto import mosquitto_binary
 
 pytestmark = [
@@ -26,17 +26,6 @@ pytestmark = [
 ]
 
 WORST_LATENCY_BOUND_S = 5.0  # generous: the forward budget is 5 s; a frozen peer must cost far less
-
-
-def simple_inputs(value: int) -> list:
-    a = np.full((1, 16), value, np.int32)
-    b = np.ones((1, 16), np.int32)
-    inputs = []
-    for name, data in (("INPUT0", a), ("INPUT1", b)):
-        inp = grpcclient.InferInput(name, [1, 16], "INT32")
-        inp.set_data_from_numpy(data)
-        inputs.append(inp)
-    return inputs
 
 
 class SimpleLoad:
@@ -69,7 +58,7 @@ class SimpleLoad:
             out = next(o for o in reply["outputs"] if o["name"] == "OUTPUT0")
             by = (reply.get("parameters") or {}).get("gt_served_by", "")
             return np.array(out["data"], np.int32).reshape(out["shape"]), by
-        result = client.infer("simple", simple_inputs(value), client_timeout=20)
+        result = client.infer("simple", simple_inputs(grpcclient, value), client_timeout=20)
         return result.as_numpy("OUTPUT0"), result.get_response().parameters["gt_served_by"].string_param
 
     def _client(self, index: int) -> None:
