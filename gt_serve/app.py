@@ -14,6 +14,8 @@ from pathlib import Path
 from .config import Config, metrics_bearer_token
 from .core.dataplane import DataPlane
 from .core.fleet_link import FleetLink
+from .core.forward_batcher import forwarding_peers
+from .core.memory_budget import MemoryBook, MemoryGovernor
 from .core.model_control import ModelControl, Readiness
 from .core.model_host import LocalModelHost
 from .core.registry import ModelRegistry
@@ -21,6 +23,7 @@ from .core.response_cache import ResponseCache
 from .core.repository_poller import RepositoryPoller
 from .core.stream_scheduler import StreamScheduler
 from .errors import GtServeError
+from .protocol.metrics import memory_metric_provider
 from .tls import listener_files, metrics_files
 from .execution.batch_job import SimpleArrayBackend
 from .execution.job_factory import JobFactory
@@ -39,6 +42,8 @@ class App:
         self.readiness: Readiness | None = None  # App drives it: ready after the start-up loads, draining on stop
         self.fleet_link: FleetLink | None = None  # with telemetry on: connected once the cluster starts
         self.registry: ModelRegistry | None = None
+        self.memory_book: MemoryBook | None = None  # lanes.model_memory_budget*: footprints measured at load
+        self.memory: MemoryGovernor | None = None  # evicts past the budget, reloads on demand
         self.poller: RepositoryPoller | None = None  # model control mode "poll"
         self._poll_task: asyncio.Task | None = None
         self.scheduler: StreamScheduler | None = None
@@ -91,8 +96,11 @@ class App:
         jobs = JobFactory(backend, self.host_pool, self.lane_backends, self.cfg.lanes.io_binding)
         cache_bytes = self.cfg.server.response_cache_bytes
         self.response_cache = ResponseCache(cache_bytes) if cache_bytes > 0 else None
+        book = MemoryBook(self.cfg.lanes.model_memory_budget_bytes, self.cfg.lanes.model_memory_budgets)
+        self.memory_book = book if book.enabled else None
         return LocalModelHost(loop, self.scheduler, self.lanes, self._runner_factory, jobs, self.cfg.models,
-                              energy_observer=self.energy.on_batch, response_cache=self.response_cache is not None)
+                              energy_observer=self.energy.on_batch, response_cache=self.response_cache is not None,
+                              memory=self.memory_book)
 
     async def start(self) -> None:
         from .backends.onnx_runner import describe_model
@@ -132,13 +140,18 @@ class App:
         """The data plane and its collaborators, complete: the fleet link stays empty until _start_cluster."""
         cfg, s = self.cfg, self.cfg.server
         self.readiness = Readiness(self.registry)
-        control = ModelControl(self.registry, s.model_control_mode, energy_totals=self.energy.totals)
+        if self.memory_book is not None:
+            self.memory = MemoryGovernor(self.memory_book, self.registry, reload_wait_s=s.reload_wait_s,
+                                         replica_elsewhere=lambda m: bool(self.fleet_link and self.fleet_link.targets_for(m)))
+            self.metric_providers.append(memory_metric_provider(self.memory))
+        control = ModelControl(self.registry, s.model_control_mode, energy_totals=self.energy.totals,
+                               memory=self.memory)
         self.fleet_link = FleetLink(cfg.cluster.max_hops) if cfg.telemetry.enabled else None
         try:
             return DataPlane(self.registry, control, self.readiness, fleet=self.fleet_link,
                              pipelines=cfg.pipelines, node=cfg.node_name, server_name=s.server_name,
                              default_timeout_s=s.request_timeout_s, max_batch_size=s.max_batch_size,
-                             response_cache=self.response_cache)
+                             response_cache=self.response_cache, memory=self.memory)
         except (GtServeError, ValueError) as exc:  # a bad pipeline
             raise SystemExit(f"gt-serve: {exc}") from None
 
@@ -176,6 +189,8 @@ class App:
             except Exception as exc:  # one broken model must not keep the others from serving
                 log.error("%s", exc)
                 failed.append(name)
+        if self.memory is not None:  # the start-up loads past the budget: the longest idle evicted
+            await self.memory.enforce()
         return failed
 
     async def _load_unless_stopped(self) -> list[str] | None:
@@ -251,7 +266,7 @@ class App:
                 local_row=local_row_factory(self.registry, self.energy))
         except GtServeError as exc:
             raise SystemExit(f"gt-serve: {exc}") from None
-        self.fleet_link.connect(self.cluster.fleet, self.cluster.peer_client)
+        self.fleet_link.connect(self.cluster.fleet, forwarding_peers(self.cluster.peer_client, self.cfg.cluster))
         self.status_providers.append(self.cluster.status)
         self.metric_providers.append(fleet_metric_provider(self.cluster.fleet, self.cluster.telemetry.view,
                                                            time.monotonic))

@@ -47,6 +47,9 @@ class ServerConfig:
     # SIGTERM: the whole drain (front ends, then models) is bounded by this; well inside Kubernetes' default
     # terminationGracePeriodSeconds (30 s) and Triton's --exit-timeout-secs default (30 s)
     drain_timeout_s: float = 20.0
+    # a request for a model evicted by the model-memory budget (lanes.model_memory_budget_bytes) waits this long
+    # for its reload before it fails UNAVAILABLE
+    reload_wait_s: float = 30.0
     strict_readiness: bool = True  # /v2/health/ready only once every model loaded at start-up is READY (Triton)
     exit_on_error: bool = True  # a model that fails to load at start-up stops the server, exit status 1 (Triton)
     event_loop: str = "auto"  # "auto"/"uvloop" = uvloop when installed, "asyncio" = the standard loop
@@ -87,6 +90,11 @@ class LanesConfig:
     # onnxruntime IO binding to pooled device buffers: "auto" = on GPU lanes, "always" = CPU lanes too, "never"
     io_binding: str = "auto"
     gpu_memory_limit_bytes: int = 0  # cap of each GPU's buffer pool (CuPy MemoryPool); 0 = no cap
+    # model-memory budget of each device (footprints measured after load, core/memory_budget.py); a load past it
+    # evicts the least recently used idle model, reloaded when a request needs it; 0 = unlimited.
+    # model_memory_budgets: per device kind or device, {"cpu": bytes, "gpu": bytes, "gpu:1": bytes}, over the former
+    model_memory_budget_bytes: int = 0
+    model_memory_budgets: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -137,6 +145,11 @@ class ClusterConfig:
     tls_ca_file: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    # batches between nodes (core/forward_batcher.py): requests for one of forward_batch_models (models whose
+    # inputs concatenate on dim 0 on every peer) to the same peer within the window go as one RPC; 0 = off
+    forward_batch_window_us: int = 0
+    forward_batch_max: int = 32  # samples per batched forward (and at most the model's max_batch_size there)
+    forward_batch_models: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -312,13 +325,7 @@ def validate(cfg: Config) -> None:
     for model, policy in cfg.router.model_policies.items():
         if policy not in ROUTER_POLICIES:
             raise ConfigError(f"config key 'router.model_policies.{model}' must be one of {ROUTER_POLICIES}, got {policy!r}")
-    if cfg.lanes.io_binding not in IO_BINDING_MODES:
-        raise ConfigError(f"config key 'lanes.io_binding' must be one of {IO_BINDING_MODES}, got {cfg.lanes.io_binding!r}")
-    if cfg.lanes.spin_us < 0:
-        raise ConfigError(f"config key 'lanes.spin_us' must be 0 or more microseconds, got {cfg.lanes.spin_us!r}")
-    if cfg.lanes.gpu_memory_limit_bytes < 0:
-        raise ConfigError("config key 'lanes.gpu_memory_limit_bytes' must be 0 (no cap) or a positive byte count, "
-                          f"got {cfg.lanes.gpu_memory_limit_bytes!r}")
+    _validate_lanes(cfg.lanes)
     if cfg.telemetry.period_s <= 0:
         raise ConfigError(f"config key 'telemetry.period_s' must be positive, got {cfg.telemetry.period_s!r}")
     _validate_cluster(cfg.cluster)
@@ -326,6 +333,20 @@ def validate(cfg: Config) -> None:
     _validate_tracing(cfg.tracing)
     if not isinstance(cfg.models, Mapping) or any(not isinstance(v, Mapping) for v in cfg.models.values()):
         raise ConfigError("config key 'models' must map model names to mappings")
+
+
+def _validate_lanes(lanes: LanesConfig) -> None:
+    if lanes.io_binding not in IO_BINDING_MODES:
+        raise ConfigError(f"config key 'lanes.io_binding' must be one of {IO_BINDING_MODES}, got {lanes.io_binding!r}")
+    if lanes.spin_us < 0:
+        raise ConfigError(f"config key 'lanes.spin_us' must be 0 or more microseconds, got {lanes.spin_us!r}")
+    if lanes.gpu_memory_limit_bytes < 0:
+        raise ConfigError("config key 'lanes.gpu_memory_limit_bytes' must be 0 (no cap) or a positive byte count, "
+                          f"got {lanes.gpu_memory_limit_bytes!r}")
+    for device, budget in lanes.model_memory_budgets.items():
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise ConfigError(f"config key 'lanes.model_memory_budgets.{device}' must be 0 (unlimited) or a "
+                              f"positive byte count, got {budget!r}")
 
 
 def _validate_tracing(t: TracingConfig) -> None:

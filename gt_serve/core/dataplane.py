@@ -44,6 +44,7 @@ from ..types import InferRequest, InferResponse, Tensor
 from .ensemble import record_ensemble_success, run_ensemble
 from .fleet_call import VISITED_PARAMETER, parse_visited
 from .fleet_link import FleetLink
+from .memory_budget import MemoryGovernor
 from .model_control import ModelControl, Readiness
 from .outputs import make_outputs
 from .pipeline import Pipeline, PipelineSet
@@ -69,8 +70,9 @@ class DataPlane:
                  fleet: FleetLink | None = None, pipelines: Mapping[str, Sequence[str]] | None = None,
                  node: str = "", shm: SystemSharedMemory | None = None, cuda_shm: CudaSharedMemory | None = None,
                  server_name: str = "gt_serve", default_timeout_s: float = 0.0, max_batch_size: int = 0,
-                 response_cache: ResponseCache | None = None) -> None:
-        """`pipelines`: {name: [stage model, ...]} served as models (a name may not be a repository model's:
+                 response_cache: ResponseCache | None = None, memory: MemoryGovernor | None = None) -> None:
+        """`memory`: evicts past each device's model-memory budget and reloads on demand (None: no budget);
+        `pipelines`: {name: [stage model, ...]} served as models (a name may not be a repository model's:
         InvalidArgument); `node`: this node's name, reported as who served a pipeline's stages."""
         self._registry = registry
         self._control = control
@@ -82,6 +84,7 @@ class DataPlane:
         self._default_timeout_s = default_timeout_s
         self._max_batch_size = max_batch_size
         self._response_cache = response_cache  # for models with response_cache { enable: true }
+        self._memory = memory
         self._pipelines = self._build_pipelines(pipelines, node) if pipelines else None
 
     def _build_pipelines(self, pipelines: Mapping[str, Sequence[str]], node: str) -> PipelineSet:
@@ -147,7 +150,10 @@ class DataPlane:
 
     async def _infer_here(self, request: InferRequest, trace: RequestTrace | None = None) -> InferResponse:
         start_ns = _now_ns()
-        model = self._registry.get(request.model_name, request.model_version)
+        try:
+            model = self._registry.get(request.model_name, request.model_version)
+        except Unavailable as exc:
+            model = await self._reloaded(request, exc)
         if model.state != READY:
             raise Unavailable(f"model '{model.name}' version {model.version} is not ready ({model.state})")
         try:
@@ -177,6 +183,14 @@ class DataPlane:
             raise
         echo = {k: v for k, v in request.parameters.items() if k not in _NOT_ECHOED} if request.parameters else {}
         return InferResponse(model.name, model.version, request.id, response_outputs, echo)
+
+    async def _reloaded(self, request: InferRequest, error: Unavailable) -> LoadedModel:
+        """A model evicted for the memory budget: reloaded, the request waiting (bounded); else the error."""
+        memory = self._memory
+        if memory is None or request.model_name not in memory.evicted:
+            raise error
+        await memory.reload(request.model_name)
+        return self._registry.get(request.model_name, request.model_version)
 
     async def _infer_ensemble(self, model: LoadedModel, request: InferRequest) -> InferResponse:
         start_ns = _now_ns()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import GtServeError, InvalidArgument, ModelNotFound, Unsupported
+from .memory_budget import MemoryGovernor
 from .pipeline import StageInfo
 from .registry import READY, ModelRegistry, decode_load_files
 
@@ -42,8 +43,10 @@ class ModelControl:
     `energy_totals`: () -> {"models", "devices", "total"} added to the statistics (NodeEnergy.totals)."""
 
     def __init__(self, registry: ModelRegistry, mode: str = "none",
-                 energy_totals: Callable[[], dict] | None = None) -> None:
+                 energy_totals: Callable[[], dict] | None = None, memory: MemoryGovernor | None = None) -> None:
+        """`memory`: the model-memory budget (core/memory_budget.py): a load past it evicts idle models."""
         self._registry = registry
+        self._memory = memory
         self._mode = mode
         self._energy_totals = energy_totals
         self._stage_infos: dict[str, tuple[Any, StageInfo]] = {}
@@ -95,6 +98,8 @@ class ModelControl:
         out = {"model_stats": [m.stats.as_dict() for m in sorted(models, key=lambda m: (m.name, int(m.version)))]}
         if self._energy_totals is not None:  # gt_serve extension: J/inference per model and device, totals
             out["energy"] = self._energy_totals()
+        if self._memory is not None:  # gt_serve extension: per-device use and budget, evictions, reloads
+            out["memory_budget"] = self._memory.stats()
         return out
 
     # -- repository ---------------------------------------------------------------------------------
@@ -117,7 +122,12 @@ class ModelControl:
             else:
                 raise InvalidArgument(f"failed to load '{name}': parameter 'config' must be a JSON string")
         await self._registry.load(name, config, decode_load_files(parameters))
+        if self._memory is not None:
+            self._memory.forget(name)
+            await self._memory.enforce(keep=name)
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         self._check_control("unload", name)
+        if self._memory is not None:
+            self._memory.forget(name)
         await self._registry.unload(name, unload_dependents)

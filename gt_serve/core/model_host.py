@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from .batch_completion import BatchCompletion, EnergyObserver
 from .batch_policy import BatchConfig
 from .batcher import Batcher, QueuePolicy
+from .memory_budget import MemoryBook
 from .model_executor import JobFactory, ModelExecutor
 from .registry import LoadedModel
 from .stream_scheduler import StreamScheduler
@@ -53,7 +54,8 @@ class LocalModelHost:
     def __init__(self, loop: asyncio.AbstractEventLoop, scheduler: StreamScheduler, lanes: list,
                  runner_factory: RunnerFactory, job_factory: JobFactory,
                  model_knobs: Mapping[str, Mapping[str, Any]] | None = None, *,
-                 energy_observer: EnergyObserver | None = None, response_cache: bool = False) -> None:
+                 energy_observer: EnergyObserver | None = None, response_cache: bool = False,
+                 memory: MemoryBook | None = None) -> None:
         self.loop = loop
         self.scheduler = scheduler
         self.lanes = lanes
@@ -62,6 +64,7 @@ class LocalModelHost:
         self._knobs = model_knobs or {}
         self._energy_observer = energy_observer  # e.g. NodeEnergy.on_batch
         self._response_cache = response_cache  # the server has a response cache (server.response_cache_bytes > 0)
+        self._memory = memory  # model-memory budget book: footprints measured here (core/memory_budget.py)
 
     def _lanes_for(self, cfg: mc.ModelConfig) -> list:
         """instance_group -> the shared lanes this model may use: per group, `count` lanes of its kind
@@ -86,17 +89,21 @@ class LocalModelHost:
                     chosen.append(lane)
         return chosen or cpu_lanes or list(self.lanes)
 
-    def _open_runners(self, model: LoadedModel, lanes: list) -> dict:
-        """lane -> runner: one session per GPU lane (bound to its stream), one per device for CPU lanes."""
+    def _open_runners(self, model: LoadedModel, lanes: list, footprint: dict[str, int]) -> dict:
+        """lane -> runner: one session per GPU lane (bound to its stream), one per device for CPU lanes;
+        `footprint` gets each device's RSS delta around its sessions' creation (core/memory_budget.py)."""
         runners: dict[str, Any] = {}
         per_lane: dict = {}
+        rss = self._memory.rss_bytes if self._memory is not None else (lambda: 0)
         settings = model.spec.session
         extra = (settings,) if settings is not None else ()
         try:
             for lane in lanes:
                 key = lane.lane_id if lane.on_gpu else lane.device
                 if key not in runners:
+                    before = rss()
                     runners[key] = self._runner_factory(str(model.path), lane.device, lane, *extra)
+                    footprint[lane.device] = footprint.get(lane.device, 0) + rss() - before
                 per_lane[lane] = runners[key]
         except Exception:
             for r in runners.values():
@@ -109,8 +116,10 @@ class LocalModelHost:
         knobs = dict(self._knobs.get(model.name, {}))
         lanes = self._lanes_for(model.config)
         self._check_features(model, lanes)
-        runners = self._open_runners(model, lanes)
+        footprint: dict[str, int] = {}
+        runners = self._open_runners(model, lanes, footprint)
         if model.spec.warmup:  # before the executor exists: nothing can reach the model yet
+            before_warmup = self._memory.rss_bytes() if self._memory is not None else 0
             try:
                 runs, warmup_ns = run_warmup(model.name, model.version, model.spec.warmup, runners,
                                              list(model.spec.output_order))
@@ -119,6 +128,10 @@ class LocalModelHost:
                     runner.close()
                 raise
             model.stats.record_warmup(runs, warmup_ns)
+            if self._memory is not None:  # the CPU arena grew on the warm-up runs: count it on the first device
+                first = next(iter(footprint), "cpu")
+                footprint[first] += self._memory.rss_bytes() - before_warmup
+        self._record_footprint(model, footprint)
         batch_cfg, policy, levels, default_level = batching_from_config(model.config, knobs)
         batcher = Batcher(model.name, batch_cfg, policy, wake=self.scheduler.notify, priority_levels=levels,
                           default_priority=default_level, loop=self.loop)
@@ -146,14 +159,25 @@ class LocalModelHost:
             raise ConfigError(f"model '{model.name}': response_cache.enable needs the server's response cache: start "
                               "gt-serve with --cache-config local,size=BYTES (server.response_cache_bytes)")
 
+    def _record_footprint(self, model: LoadedModel, footprint: dict[str, int]) -> None:
+        if self._memory is None:
+            return
+        self._memory.record(model.name, model.version, footprint)
+        model.stats.memory_usage = [{"type": d.split(":")[0].upper(), "id": int(d.split(":")[1]) if ":" in d else 0,
+                                     "byte_size": max(0, b)} for d, b in sorted(footprint.items())]
+
     def close_now(self, model: LoadedModel) -> None:
         """Release a model opened by a load that failed later (worker thread): sessions now, scheduler after."""
         executor: ModelExecutor | None = model.executor
+        if self._memory is not None:
+            self._memory.forget(model.name, model.version)
         if executor is not None:
             executor.release()
             self.loop.call_soon_threadsafe(self.scheduler.unregister, executor)
 
     async def close(self, model: LoadedModel, drain_timeout_s: float) -> None:
         executor: ModelExecutor | None = model.executor
+        if self._memory is not None:
+            self._memory.forget(model.name, model.version)
         if executor is not None:
             await executor.close(drain_timeout_s)

@@ -273,8 +273,9 @@ class ModelRegistry:
             raise InvalidModelFile(f"model '{name}': '{relative}' is not a valid ONNX model "
                                    f"({_without_dir(str(exc), model_dir)})") from None
 
-    async def unload(self, name: str, unload_dependents: bool = False) -> None:
-        """`unload_dependents`: also the step models an ensemble's load loaded, unless another ensemble uses them."""
+    async def unload(self, name: str, unload_dependents: bool = False, reason: str = "unloaded") -> None:
+        """`unload_dependents`: also the step models an ensemble's load loaded, unless another ensemble uses them;
+        `reason`: what the index shows (e.g. "evicted (memory budget)")."""
         entry = self._entries.get(name) if is_plain_name(name) else None
         if entry is None:
             if not self._on_disk(name):
@@ -285,8 +286,8 @@ class ModelRegistry:
             entry.versions, entry.latest = {}, None
             entry.state, entry.reason = UNLOADING, ""
             for model in models:
-                await self._close(model, "unloaded")
-            entry.state, entry.reason, entry.uploaded = UNAVAILABLE, "unloaded", False
+                await self._close(model, reason)
+            entry.state, entry.reason, entry.uploaded = UNAVAILABLE, reason, False
             along, entry.loaded_along = entry.loaded_along, ()
             if not self._on_disk(name) and self._entries.get(name) is entry:
                 self._entries.pop(name)  # its directory is gone (poll mode): no longer in the index either

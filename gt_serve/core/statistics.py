@@ -47,6 +47,7 @@ class ModelStats:
         self.batches: dict[int, BatchStat] = {}
         self.energy_j = 0.0
         self.warmup = Duration()  # model_warmup runs at load (all lanes), before the model was READY
+        self.memory_usage: list[dict] = []  # Triton's shape: [{"type": "CPU", "id": 0, "byte_size": N}] (measured at load)
 
     def record_batch(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int, request_count: int) -> None:
         """One model execution of `batch_size` samples formed from `request_count` requests."""
@@ -97,7 +98,7 @@ class ModelStats:
                  "compute_infer": b.compute_infer.as_dict(), "compute_output": b.compute_output.as_dict()}
                 for size, b in sorted(self.batches.items())
             ],
-            "memory_usage": [],
+            "memory_usage": list(self.memory_usage),
             # gt_serve extension: model_warmup runs at load and their total time
             "warmup": self.warmup.as_dict(),
             # gt_serve extension: dynamic energy attributed to this model version (J above idle)

@@ -144,6 +144,27 @@ def placement_metric_provider(counts: dict):
     return collect
 
 
+def memory_metric_provider(memory: Any):
+    """gt_model_evictions_total{model}, gt_model_reloads_total{model} and each device's model-memory use and
+    budget, from the MemoryGovernor (core/memory_budget.py)."""
+    def collect():
+        for name, doc, counts in (("gt_model_evictions", "Models evicted for the model-memory budget", memory.evictions),
+                                  ("gt_model_reloads", "Evicted models reloaded on demand", memory.reloads)):
+            fam = CounterMetricFamily(name, doc, labels=["model"])
+            for model, n in sorted(counts.items()):
+                fam.add_metric([model], n)
+            yield fam
+        used = GaugeMetricFamily("gt_model_memory_bytes", "Measured footprint of the loaded models", labels=["device"])
+        budget = GaugeMetricFamily("gt_model_memory_budget_bytes", "Model-memory budget (0 = unlimited)",
+                                   labels=["device"])
+        for device, row in memory.book.as_dict().items():
+            used.add_metric([device], row["used_bytes"])
+            budget.add_metric([device], row["budget_bytes"])
+        yield used
+        yield budget
+    return collect
+
+
 def _escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
