@@ -119,7 +119,8 @@ class ServerCollector:
         """Energy, router and peers: present once those parts are wired into the app."""
         for provider in getattr(app, "metric_providers", ()):
             yield from provider()
-        stats = getattr(getattr(app, "telemetry", None), "stats", None)
+        telemetry = getattr(getattr(app, "cluster", None), "telemetry", None)  # edge.cluster_node.ClusterNode
+        stats = getattr(telemetry, "stats", None)
         if stats is not None:  # the fleet's telemetry: messages dropped (unsigned, bad MAC, replayed, ...)
             rejected = CounterMetricFamily("gt_telemetry_rejected", "Peer telemetry messages dropped, by reason",
                                            labels=["reason"])
