@@ -110,3 +110,16 @@ class CpuEnergyWindow:
         if self._uj0 is not None and self.rapl is not None:
             joules = self.rapl.joules_between(self._uj0, self.rapl.read_uj())
         return {"cpu_s": cpu_s, "rapl_j": joules}
+
+
+def simple_grpc_request() -> bytes:
+    """A serialized ModelInferRequest for the `simple` model (INPUT0 = INPUT1 = 0..15, INT32 [1, 16]):
+    the body the gRPC benchmarks send over raw HTTP/2."""
+    import numpy as np
+    from tritonclient.grpc import service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        request.raw_input_contents.append(np.arange(16, dtype=np.int32).tobytes())
+    return request.SerializeToString()

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import grpc
-import numpy as np
 import psutil
 from tritonclient.grpc import service_pb2 as pb
 
@@ -29,16 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gt_serve.testing import model_builders as mb  # noqa: E402
 from gt_serve.testing.launcher import launch  # noqa: E402
+from common import simple_grpc_request  # noqa: E402
 
 _SERVICE = "/inference.GRPCInferenceService/"
-
-
-def _infer_request() -> bytes:
-    request = pb.ModelInferRequest(model_name="simple")
-    for name in ("INPUT0", "INPUT1"):
-        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
-        request.raw_input_contents.append(np.arange(16, dtype=np.int32).tobytes())
-    return request.SerializeToString()
 
 
 async def _drive(url: str, method: str, body: bytes, calls: int, concurrency: int) -> float:
@@ -70,7 +62,7 @@ def measure_transport(repo: Path, transport: str, calls: int, concurrency: int) 
                 env={"GT_GRPC_TRANSPORT": transport}) as srv:
         proc = psutil.Process(srv.pid)
         for method, body in (("ServerLive", pb.ServerLiveRequest().SerializeToString()),
-                             ("ModelInfer", _infer_request())):
+                             ("ModelInfer", simple_grpc_request())):
             asyncio.run(_drive(srv.grpc_url, method, body, 200, concurrency))  # warm up
             before = _cpu_s(proc)
             wall_s = asyncio.run(_drive(srv.grpc_url, method, body, calls, concurrency))
@@ -99,7 +91,7 @@ def measure_h2_state_machine(exchanges: int) -> dict:
     server.increment_flow_control_window(2**31 - 1 - 65535)
     server.receive_data(client.data_to_send())
     client.receive_data(server.data_to_send())
-    body = _infer_request()
+    body = simple_grpc_request()
     message = b"\x00" + struct.pack(">I", len(body)) + body
     headers = [(":method", "POST"), (":scheme", "http"), (":path", _SERVICE + "ModelInfer"),
                (":authority", "127.0.0.1"), ("content-type", "application/grpc"), ("te", "trailers")]

@@ -22,25 +22,17 @@ from pathlib import Path
 import grpc
 import numpy as np
 import psutil
-from tritonclient.grpc import service_pb2 as pb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gt_serve.testing import model_builders as mb  # noqa: E402
 from gt_serve.testing.launcher import launch  # noqa: E402
 from gt_serve.testing.tls_certs import TestCA  # noqa: E402
+from common import simple_grpc_request  # noqa: E402
 
 _INFER = "/inference.GRPCInferenceService/ModelInfer"
 _HTTP_BODY = json.dumps({"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
                                     for n in ("INPUT0", "INPUT1")]}).encode()
-
-
-def grpc_body() -> bytes:
-    request = pb.ModelInferRequest(model_name="simple")
-    for name in ("INPUT0", "INPUT1"):
-        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
-        request.raw_input_contents.append(np.arange(16, dtype=np.int32).tobytes())
-    return request.SerializeToString()
 
 
 async def fan_out(call, requests: int, concurrency: int) -> float:
@@ -61,7 +53,7 @@ async def drive_grpc(url: str, ca: Path | None, requests: int, concurrency: int)
     channel = (grpc.aio.secure_channel(url, grpc.ssl_channel_credentials(ca.read_bytes())) if ca
                else grpc.aio.insecure_channel(url))
     async with channel:
-        call, body = channel.unary_unary(_INFER), grpc_body()
+        call, body = channel.unary_unary(_INFER), simple_grpc_request()
         await call(body)  # connect and warm up
         return await fan_out(lambda: call(body), requests, concurrency)
 

@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.cluster_nodes import EdgeCluster, status
+from tests.integration.cluster_nodes import EdgeCluster, simple_inputs, status
 from gt_serve.testing.mosquitto import Mosquitto, mosquitto_binary
 from gt_serve.testing.mosquitto import TestPki as BrokerPki
 from gt_serve.testing.tls_certs import TestCA
@@ -54,12 +54,7 @@ def infer_simple(node, count: int) -> dict[str, int]:
     served: dict[str, int] = {}
     try:
         for value in range(count):
-            inputs = []
-            for name, data in (("INPUT0", np.full((1, 16), value, np.int32)), ("INPUT1", np.ones((1, 16), np.int32))):
-                inp = httpclient.InferInput(name, [1, 16], "INT32")
-                inp.set_data_from_numpy(data)
-                inputs.append(inp)
-            result = client.infer("simple", inputs)
+            result = client.infer("simple", simple_inputs(httpclient, value))
             assert int(result.as_numpy("OUTPUT0")[0, 0]) == value + 1
             by = result.get_response()["parameters"]["gt_served_by"]
             served[by] = served.get(by, 0) + 1

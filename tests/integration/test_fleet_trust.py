@@ -16,7 +16,6 @@ import urllib.request
 from pathlib import Path
 
 import aiomqtt
-import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,7 +24,7 @@ from gt_serve.edge import messages
 from gt_serve.edge.auth import ClusterKeys
 from gt_serve.edge.peer_client import PeerClient
 from gt_serve.edge.telemetry import BrokerSettings, TelemetryAgent
-from tests.integration.cluster_nodes import EdgeCluster, peer_states, wait_for
+from tests.integration.cluster_nodes import EdgeCluster, peer_states, simple_inputs, wait_for
 from gt_serve.testing.mosquitto import Mosquitto, mosquitto_binary
 
 pytestmark = [
@@ -80,12 +79,7 @@ def infer_simple(node, count: int) -> set[str]:
     served = set()
     try:
         for value in range(count):
-            inputs = []
-            for name, data in (("INPUT0", np.full((1, 16), value, np.int32)), ("INPUT1", np.ones((1, 16), np.int32))):
-                inp = httpclient.InferInput(name, [1, 16], "INT32")
-                inp.set_data_from_numpy(data)
-                inputs.append(inp)
-            result = client.infer("simple", inputs)
+            result = client.infer("simple", simple_inputs(httpclient, value))
             assert int(result.as_numpy("OUTPUT0")[0, 0]) == value + 1
             served.add(result.get_response()["parameters"]["gt_served_by"])
     finally:
