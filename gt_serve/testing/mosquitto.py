@@ -40,29 +40,14 @@ class TestPki:
 
 
 def make_test_pki(workdir: Path) -> TestPki:
-    """Create the PKI with the openssl CLI (EC P-256 keys, valid one day)."""
-    tool = shutil.which("openssl")
-    if tool is None:
-        raise FileNotFoundError("openssl not found")
-    d = Path(workdir)
-    d.mkdir(parents=True, exist_ok=True)
-    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    """The PKI made by gt_serve.testing.tls_certs (EC P-256): a server certificate for 127.0.0.1 and a
+    client certificate, signed by one throw-away CA."""
+    from .tls_certs import TestCA  # cryptography: a test dependency, needed only for a TLS broker
 
-    def run(*args: str) -> None:
-        subprocess.run([tool, *args], check=True, capture_output=True, timeout=30)
-
-    run("req", "-x509", *key, "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt"),
-        "-days", "1", "-subj", "/CN=gt-serve test CA")
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1"),
-                      ("client", "extendedKeyUsage=clientAuth")):
-        (d / f"{name}.ext").write_text(ext + "\n")
-        run("req", *key, "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"),
-            "-subj", f"/CN=gt-serve test {name}")
-        run("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.crt"),
-            "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "1",
-            "-out", str(d / f"{name}.crt"), "-extfile", str(d / f"{name}.ext"))
-    return TestPki(d / "ca.crt", d / "server.crt", d / "server.key",
-                   d / "client.crt", d / "client.key")
+    ca = TestCA(Path(workdir), name="gt-serve-test-ca")
+    server = ca.leaf("server", hosts=("127.0.0.1",))
+    client = ca.leaf("client")
+    return TestPki(ca.cert, server.cert, server.key, client.cert, client.key)
 
 
 class Mosquitto:
