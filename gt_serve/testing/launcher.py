@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,8 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..tls import TlsFiles, client_context
 
 
 @dataclass
@@ -124,9 +125,8 @@ def _opener(tls_ca, tls_client) -> tuple[urllib.request.OpenerDirector, str]:
     handlers: list = [urllib.request.ProxyHandler({})]  # loopback: never via a proxy
     if tls_ca is None:
         return urllib.request.build_opener(*handlers), "http"
-    ctx = ssl.create_default_context(cafile=str(tls_ca))
-    if tls_client is not None:
-        ctx.load_cert_chain(str(tls_client[0]), str(tls_client[1]))
+    cert, key = (str(tls_client[0]), str(tls_client[1])) if tls_client is not None else (None, None)
+    ctx = client_context(TlsFiles(cert_file=cert, key_file=key, root_file=str(tls_ca), what="launcher TLS"))
     return urllib.request.build_opener(*handlers, urllib.request.HTTPSHandler(context=ctx)), "https"
 
 
