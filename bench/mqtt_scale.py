@@ -26,7 +26,8 @@ import aiomqtt  # noqa: E402
 
 from gt_serve.core.node_view import Health  # noqa: E402
 from gt_serve.edge import messages  # noqa: E402
-from gt_serve.edge.telemetry import BrokerSettings, TelemetryAgent  # noqa: E402
+from gt_serve.edge.mqtt_link import BrokerSettings  # noqa: E402
+from gt_serve.edge.telemetry import TelemetryAgent  # noqa: E402
 from gt_serve.testing.mosquitto import Mosquitto  # noqa: E402
 
 MAX_DURATION_S = 120.0

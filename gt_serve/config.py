@@ -119,6 +119,7 @@ class TelemetryConfig:
     period_s: float = 1.0
     keepalive_s: int = 5
     stale_view_s: float = 30.0  # broker away: peers keep their last health this long, then are not routed to
+    rejoin_grace_s: float = 15.0  # broker back: trusted peers have this long to reconnect (their back-off: 10 s x 1.5)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,11 @@ Broker loss (``link_down(now_s, since_s)`` .. ``link_up(now_s)``): silence then 
 the peers, so their ages stop at ``since_s`` (when the broker was last heard from) and they keep
 the health they had, for at most ``stale_view_s``; after that they are ``suspect`` (not trusted for
 routing) until the link is back. On ``link_up`` the outage is added to every peer's last-seen time,
-so each must be heard from again within the usual periods.
+so each must be heard from again within the usual periods; a peer still trusted when the link comes
+back has at least ``rejoin_grace_s`` more (its own reconnection back-off: the peers reconnect one by
+one, each after its own random delay, and a peer not yet back is in the same state as during the
+outage: unknown, not dead). Forwarding still routes around a peer that died meanwhile (failover and
+outlier ejection, core/fleet_call.py).
 
 A peer is ``verified`` when its messages were authenticated (cluster key; edge/auth.py).
 """
@@ -107,6 +111,7 @@ class NodeView:
         max_peers: int = 4096,
         forget_after_s: float | None = None,
         stale_view_s: float = 30.0,
+        rejoin_grace_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not period_s > 0 or not 0 < suspect_after_periods < dead_after_periods:
@@ -119,6 +124,7 @@ class NodeView:
         self._forget_after_s = 60 * period_s if forget_after_s is None else forget_after_s
         self._clock = clock
         self._stale_view_s = stale_view_s
+        self._rejoin_grace_s = rejoin_grace_s
         self._link_down_s: float | None = None  # when the broker was last heard from, while it is away
         self._peers: dict[str, _Peer] = {}
         self._listeners: list[Listener] = []
@@ -189,12 +195,17 @@ class NodeView:
 
     def link_up(self, now_s: float) -> None:
         """The broker is back: every peer's silence counts again, from where it stopped."""
-        down_s, self._link_down_s = self._link_down_s, None
+        down_s = self._link_down_s
         if down_s is None:
             return
+        trusted = {p.node for p in self._peers.values() if self._health(p, now_s) in (Health.LIVE, Health.DRAINING)}
+        self._link_down_s = None
         outage_s = max(0.0, now_s - down_s)
+        rejoin_by_s = now_s + self._rejoin_grace_s - self._suspect_after_s  # silent that long: not yet suspect
         for peer in self._peers.values():
             peer.last_seen_s = min(peer.last_seen_s + outage_s, now_s)
+            if peer.node in trusted:
+                peer.last_seen_s = max(peer.last_seen_s, rejoin_by_s)
         self._notify()
 
     @property

@@ -12,7 +12,8 @@ from ..core.node_view import NodeView
 from ..core.outlier import OutlierDetector, OutlierSettings
 from ..errors import ConfigError
 from .auth import ClusterKeys
-from .telemetry import BrokerSettings, TelemetryAgent
+from .mqtt_link import BrokerSettings
+from .telemetry import TelemetryAgent
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ def build_agent(cfg: Config, *, caps: Mapping[str, Any], snapshot: Callable[[], 
     broker = BrokerSettings(host=t.broker_host, port=t.broker_port, username=t.username, password=t.password,
                             ca_file=t.tls_ca_file, cert_file=t.tls_cert_file, key_file=t.tls_key_file,
                             tls_insecure=t.tls_insecure, keepalive_s=t.keepalive_s)
-    view = NodeView(self_node=cfg.node_name, period_s=t.period_s, stale_view_s=t.stale_view_s)
+    view = NodeView(self_node=cfg.node_name, period_s=t.period_s, stale_view_s=t.stale_view_s,
+                    rejoin_grace_s=t.rejoin_grace_s)
     return TelemetryAgent(broker, cluster=c.name, node=cfg.node_name, snapshot=snapshot, caps=caps, view=view,
                           period_s=t.period_s, keys=cluster_keys(cfg), replay_window_s=c.replay_window_s)
 

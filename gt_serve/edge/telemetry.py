@@ -14,10 +14,10 @@ connect time), and every received message must verify and be fresh (replay guard
 and counted in ``stats.rejected`` by reason. The retained status and caps are then re-published
 every third of the replay window, so a node that joins late finds them within the window.
 The broker link's state is told to the view (``link_down`` / ``link_up``): while the broker is
-away, peers keep the health they had when it was last heard from, for a bounded time. A peer's last
-will is applied ``will_hold_s`` after it arrives: a broker that shuts down publishes every client's
-will and then closes the connections, so wills followed at once by the loss of the link are dropped
-(the peers did not die; the broker went).
+away, peers keep the health they had when it was last heard from, for a bounded time, and after it
+is back they have ``rejoin_grace_s`` to reconnect (core/node_view.py). A peer's last will is applied
+only once a later message shows the broker still runs (edge/wills.py): a broker that shuts down
+publishes every client's will and then closes the connections (the peers did not die; the broker went).
 """
 from __future__ import annotations
 
@@ -26,82 +26,21 @@ import contextlib
 import logging
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import aiomqtt
 
-from gt_serve.core.node_view import NodeView
+from gt_serve.core.node_view import Health, NodeView
 from gt_serve.edge import messages
 from gt_serve.edge.auth import AuthError, ClusterKeys, ReplayGuard, read_header
 from gt_serve.edge.messages import Caps, ForeignMessage, MessageError, Status
+from gt_serve.edge.mqtt_link import AgentStats, BrokerSettings, Flag, first_of
+from gt_serve.edge.rate_limited_log import RateLimitedLog
+from gt_serve.edge.wills import HeldWills, is_will
 
 log = logging.getLogger(__name__)
 
 Snapshot = Callable[[], Mapping[str, Any]]
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerSettings:
-    """Where and how to reach the MQTT broker."""
-
-    host: str = "127.0.0.1"
-    port: int = 1883
-    username: str | None = None
-    password: str | None = None
-    tls: bool = False  # implied by ca_file or cert_file
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    tls_insecure: bool = False  # skip the broker host name check (testing only)
-    keepalive_s: int = 5
-    connect_timeout_s: float = 5.0
-
-    @property
-    def uses_tls(self) -> bool:
-        return self.tls or self.ca_file is not None or self.cert_file is not None
-
-
-@dataclass(slots=True)
-class AgentStats:
-    connects: int = 0
-    connect_failures: int = 0
-    published: int = 0
-    received: int = 0
-    dropped: int = 0
-    duplicates: int = 0  # retained messages the broker sent again (after a reconnect): not counted as dropped
-    snapshot_errors: int = 0
-    rejected: dict[str, int] = field(default_factory=dict)  # reason -> messages dropped (edge/auth.REASONS)
-
-    def reject(self, reason: str) -> None:
-        self.dropped += 1
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
-
-
-class RateLimitedLog:
-    """At most one warning per key per ``interval_s``; counts what it suppressed."""
-
-    def __init__(self, logger: logging.Logger, interval_s: float,
-                 clock: Callable[[], float], max_keys: int = 64) -> None:
-        self._logger = logger
-        self._interval_s = interval_s
-        self._clock = clock
-        self._max_keys = max_keys
-        self._last_s: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def warning(self, key: str, fmt: str, *args: object) -> None:
-        now_s = self._clock()
-        last_s = self._last_s.get(key)
-        if last_s is not None and now_s - last_s < self._interval_s:
-            self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return
-        if last_s is None and len(self._last_s) >= self._max_keys:
-            key = "(other)"
-        suppressed = self._suppressed.pop(key, 0)
-        self._last_s[key] = now_s
-        suffix = f" ({suppressed} similar suppressed)" if suppressed else ""
-        self._logger.warning(fmt + suffix, *args)
 
 
 class TelemetryAgent:
@@ -132,7 +71,6 @@ class TelemetryAgent:
         rng: random.Random | None = None,
         keys: ClusterKeys | None = None,
         replay_window_s: float = 30.0,
-        will_hold_s: float = 0.25,
     ) -> None:
         if not period_s > 0 or not 0 < reconnect_min_s <= reconnect_max_s:
             raise ValueError("need period_s > 0 and 0 < reconnect_min_s <= reconnect_max_s")
@@ -161,8 +99,8 @@ class TelemetryAgent:
         self._replay = ReplayGuard(replay_window_s)
         self._refresh_s = replay_window_s / 3
         self._last_rx_s: float | None = None
-        self._will_hold_s = will_hold_s
-        self._held_wills: dict[str, asyncio.TimerHandle] = {}
+        self._probe = asyncio.Event()  # publish telemetry now: its echo confirms held wills
+        self.wills = HeldWills(node, self._apply, self._probe.set)
         self._client: aiomqtt.Client | None = None
         self._connected = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -237,7 +175,7 @@ class TelemetryAgent:
             finally:
                 self._client = None
                 self._connected.clear()
-                self._drop_held_wills()
+                self.wills.link_lost()
                 self.view.link_down(self._clock(), since_s=self._last_rx_s)
                 self._notify()
             if self._stopping.is_set():
@@ -291,14 +229,14 @@ class TelemetryAgent:
             self._client = client  # from here on set_state() publishes on this connection
             # The receive loop starts first: it raises as soon as the link drops, which
             # also aborts a publish still waiting for its acknowledgement.
-            over = _Flag()
-            await _first_of(over, self._receive_loop(client, over),
+            over = Flag()
+            await first_of(over, self._receive_loop(client, over),
                             self._announce_and_publish(client, over), self._stopping.wait())
             self._connected.clear()
             await client.publish(self._topics["status"], self._status("offline"),
                                  qos=1, retain=True, timeout=2.0)
 
-    async def _announce_and_publish(self, client: aiomqtt.Client, over: "_Flag") -> None:
+    async def _announce_and_publish(self, client: aiomqtt.Client, over: Flag) -> None:
         # ``over`` is checked after each aiomqtt call: on Python 3.11 its internal
         # asyncio.wait_for can swallow a cancellation that races with an acknowledgement.
         await client.subscribe(self._subscription, qos=1)
@@ -334,7 +272,7 @@ class TelemetryAgent:
             return payload
         return self.keys.sign(self._topics[kind], payload, sess=self._sess, seq=seq, ts_s=self._wall_clock())
 
-    async def _publish_loop(self, client: aiomqtt.Client, over: "_Flag") -> None:
+    async def _publish_loop(self, client: aiomqtt.Client, over: Flag) -> None:
         next_s = self._clock()
         refresh_at_s = next_s + self._refresh_s
         while not over.set:
@@ -352,7 +290,12 @@ class TelemetryAgent:
             now_s = self._clock()
             if next_s < now_s:  # fell behind (e.g. a slow snapshot): skip, do not burst
                 next_s = now_s + self.period_s
-            await asyncio.sleep(next_s - now_s)
+            with contextlib.suppress(TimeoutError):  # a held will asks for an echo at once
+                async with asyncio.timeout(next_s - now_s):
+                    await self._probe.wait()
+            if self._probe.is_set():
+                self._probe.clear()
+                next_s = self._clock()
 
     def _telemetry_payload(self) -> bytes | None:
         self._seq += 1
@@ -373,7 +316,7 @@ class TelemetryAgent:
 
     # ------------------------------------------------------------ receiving
 
-    async def _receive_loop(self, client: aiomqtt.Client, over: "_Flag") -> None:
+    async def _receive_loop(self, client: aiomqtt.Client, over: Flag) -> None:
         async for message in client.messages:
             if over.set:
                 return
@@ -403,9 +346,11 @@ class TelemetryAgent:
             return
         if msg is None:
             return
-        if isinstance(msg, Status) and msg.state == "lost" and msg.node != self.node and self._will_hold_s > 0:
-            self._hold_will(msg)
+        if is_will(msg, self.node):
+            self.wills.offer(msg, retained,  # type: ignore[arg-type]
+                             peer_is_live=self.view.health(msg.node, self._clock()) is Health.LIVE)
             return
+        self.wills.heard(msg.node)  # the broker still routes: the wills before this one were real
         if msg.node == self.node:
             if msg.epoch > self.epoch:
                 self._logs.warning("duplicate", "telemetry %s: another node uses this name "
@@ -417,25 +362,6 @@ class TelemetryAgent:
         self.stats.received += 1
         self.view.update(msg, self._clock(), verified=self.keys.enabled)
         self._notify()
-
-    def _hold_will(self, msg: Status) -> None:
-        old = self._held_wills.pop(msg.node, None)
-        if old is not None:
-            old.cancel()
-
-        def apply() -> None:
-            self._held_wills.pop(msg.node, None)
-            self._apply(msg)
-
-        self._held_wills[msg.node] = asyncio.get_running_loop().call_later(self._will_hold_s, apply)
-
-    def _drop_held_wills(self) -> None:
-        if self._held_wills:
-            log.warning("telemetry %s: ignoring the last wills of %s: they came with the loss of the broker",
-                        self.node, ", ".join(sorted(self._held_wills)))
-        for handle in self._held_wills.values():
-            handle.cancel()
-        self._held_wills.clear()
 
     def _accept(self, topic_name: str, payload: object, retained: bool) -> messages.Message | None:
         """The message, verified and fresh when keys are set; None for a re-sent retained one."""
@@ -457,26 +383,3 @@ class TelemetryAgent:
     def _notify(self) -> None:
         progress, self._progress = self._progress, asyncio.Event()
         progress.set()
-
-
-class _Flag:
-    __slots__ = ("set",)
-
-    def __init__(self) -> None:
-        self.set = False
-
-
-async def _first_of(over: _Flag, *coros: Any) -> None:
-    """Run ``coros`` until the first one ends; then raise ``over``, cancel the rest and
-    re-raise the first one's failure."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        over.set = True
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for task in done:
-        if not task.cancelled() and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]

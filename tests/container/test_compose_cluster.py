@@ -369,7 +369,7 @@ def test_partition_and_heal_loses_nothing(cluster, request) -> None:
     report = exercise(cluster, "partition", lambda victim: cluster.network.disconnect(cluster.containers[victim]),
                       cluster.reconnect)
     publish(request, report)
-    assert report.failures == 0, report.errors
+    assert report.failures == 0, (report.errors, cluster.logs(ENTRY))
 
 
 def test_broker_restart_loses_nothing(cluster, request) -> None:
@@ -378,7 +378,7 @@ def test_broker_restart_loses_nothing(cluster, request) -> None:
 
     report = exercise(cluster, "broker", inject, lambda victim: None)
     publish(request, report)
-    assert report.failures == 0, report.errors
+    assert report.failures == 0, (report.errors, cluster.logs(ENTRY))
 
 
 def test_frozen_peer_is_routed_around(cluster, request) -> None:
@@ -386,7 +386,7 @@ def test_frozen_peer_is_routed_around(cluster, request) -> None:
                       lambda victim: cluster.containers[victim].unpause())
     publish(request, report)
     assert report.not_live_after_s is not None, "the entry never stopped treating the frozen peer as live"
-    assert report.failures == 0, report.errors
+    assert report.failures == 0, (report.errors, cluster.logs(ENTRY))
 
 
 def test_crash_of_a_peer_loses_nothing(cluster, request) -> None:
@@ -398,5 +398,5 @@ def test_crash_of_a_peer_loses_nothing(cluster, request) -> None:
 
     report = exercise(cluster, "crash", lambda victim: cluster.containers[victim].kill(), heal)
     publish(request, report)
-    assert report.failures == 0, report.errors
+    assert report.failures == 0, (report.errors, cluster.logs(ENTRY))
     assert report.not_live_after_s is not None, "the entry never stopped treating the killed peer as live"

@@ -23,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gt_serve.edge import messages
 from gt_serve.edge.auth import ClusterKeys
 from gt_serve.edge.peer_client import PeerClient
-from gt_serve.edge.telemetry import BrokerSettings, TelemetryAgent
+from gt_serve.edge.mqtt_link import BrokerSettings
+from gt_serve.edge.telemetry import TelemetryAgent
 from tests.integration.cluster_nodes import EdgeCluster, peer_states, simple_inputs, wait_for
 from gt_serve.testing.mosquitto import Mosquitto, mosquitto_binary
 

@@ -17,7 +17,8 @@ import pytest_asyncio
 
 from gt_serve.core.node_view import Health, NodeView
 from gt_serve.edge import messages
-from gt_serve.edge.telemetry import BrokerSettings, TelemetryAgent
+from gt_serve.edge.mqtt_link import BrokerSettings
+from gt_serve.edge.telemetry import TelemetryAgent
 from gt_serve.testing.mosquitto import Mosquitto, free_port, make_test_pki, mosquitto_binary
 
 pytestmark = [
@@ -150,7 +151,8 @@ async def test_graceful_stop_says_offline_and_sends_no_will(broker: Mosquitto, a
 
 CHILD = """
 import asyncio, sys
-from gt_serve.edge.telemetry import BrokerSettings, TelemetryAgent
+from gt_serve.edge.mqtt_link import BrokerSettings
+from gt_serve.edge.telemetry import TelemetryAgent
 
 async def main():
     agent = TelemetryAgent(BrokerSettings(port=int(sys.argv[1]), keepalive_s=1),

@@ -242,6 +242,31 @@ def test_broker_loss_keeps_the_last_view_for_a_bounded_time() -> None:
     assert v.health("b", 23.5) is Health.LIVE
 
 
+def test_after_the_broker_is_back_trusted_peers_have_the_rejoin_grace() -> None:
+    v = view(stale_view_s=10.0, rejoin_grace_s=5.0)
+    v.update(st("b"), 0.0)
+    v.update(st("c"), 0.0)
+    v.update(tel("b", 1), 0.5)
+    v.link_down(2.0, since_s=1.0)
+    v.link_up(4.0)  # b was live: it has until 9.0 to be heard from again (grace 5 s)
+    assert v.health("b", 8.9) is Health.LIVE
+    assert v.next_transition_s(4.0) == pytest.approx(9.0)
+    assert v.health("b", 9.0) is Health.SUSPECT
+    v.update(tel("b", 2), 8.0)
+    assert v.health("b", 10.9) is Health.LIVE  # heard from: the usual periods again
+    assert v.health("b", 11.0) is Health.SUSPECT
+
+
+def test_the_rejoin_grace_is_not_given_to_peers_already_untrusted() -> None:
+    v = view(stale_view_s=3.0, rejoin_grace_s=5.0)
+    v.update(st("b"), 0.0)
+    v.link_down(1.0)
+    assert v.health("b", 4.0) is Health.SUSPECT  # the view grew too old while the broker was away
+    v.link_up(20.0)  # silence resumes where it stopped (1 s of it): suspect 2 s later, no grace
+    assert v.health("b", 21.9) is Health.LIVE
+    assert v.health("b", 22.0) is Health.SUSPECT
+
+
 def test_peer_silent_before_the_broker_went_stays_suspect() -> None:
     v = view(stale_view_s=10.0)
     v.update(st("b"), 0.0)
