@@ -7,13 +7,14 @@ start-up models that failed (`waiting_for`) are READY, however they get loaded l
 """
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import GtServeError, InvalidArgument, ModelNotFound, Unsupported
 from .memory_budget import MemoryGovernor
 from .pipeline import StageInfo
-from .registry import READY, ModelRegistry, decode_load_files
+from .registry import READY, ModelRegistry
 
 
 class Readiness:
@@ -131,3 +132,19 @@ class ModelControl:
         if self._memory is not None:
             self._memory.forget(name)
         await self._registry.unload(name, unload_dependents)
+
+
+def decode_load_files(parameters: dict[str, Any]) -> dict[str, bytes]:
+    """HTTP sends file overrides base64-encoded, gRPC as bytes: normalise to bytes."""
+    files = {}
+    for key, value in parameters.items():
+        if not key.startswith("file:"):
+            continue
+        if isinstance(value, (bytes, bytearray)):
+            files[key] = bytes(value)
+        else:
+            try:
+                files[key] = base64.b64decode(str(value), validate=True)
+            except ValueError:
+                raise InvalidArgument(f"load parameter '{key}' is not valid base64") from None
+    return files

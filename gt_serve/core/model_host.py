@@ -18,7 +18,7 @@ from .batch_policy import BatchConfig
 from .batcher import Batcher, QueuePolicy
 from .memory_budget import MemoryBook
 from .model_executor import JobFactory, ModelExecutor
-from .registry import LoadedModel
+from .registry import LoadedModel, Opened
 from .stream_scheduler import StreamScheduler
 from .warmup import run_warmup
 
@@ -111,7 +111,7 @@ class LocalModelHost:
             raise
         return per_lane
 
-    def open(self, model: LoadedModel) -> None:
+    def open(self, model: LoadedModel) -> Opened:
         """Runs in a worker thread: builds the runners and the model's executor, and registers it."""
         knobs = dict(self._knobs.get(model.name, {}))
         lanes = self._lanes_for(model.config)
@@ -139,15 +139,15 @@ class LocalModelHost:
                                  BatchCompletion(model.name, model.stats, self._energy_observer),
                                  self.scheduler, model.spec, version=model.version,
                                  weight=float(knobs.get("weight", 1.0)))
-        model.executor = executor
-        model.providers = sorted({getattr(r, "provider", "?") for r in executor.runners})
+        providers = sorted({getattr(r, "provider", "?") for r in executor.runners})
         self.loop.call_soon_threadsafe(self.scheduler.register, executor)
         log.info("model %s v%s on lanes %s (%s), batching %s", model.name, model.version,
-                 ",".join(l.lane_id for l in lanes), ",".join(model.providers), batch_cfg)
+                 ",".join(l.lane_id for l in lanes), ",".join(providers), batch_cfg)
         for runner in executor.runners:
             if getattr(runner, "effective", None):
                 log.info("model %s v%s session: %s", model.name, model.version,
                          ", ".join(f"{k}={v}" for k, v in runner.effective.items()))
+        return Opened(executor, providers)
 
     def _check_features(self, model: LoadedModel, lanes: list) -> None:
         """Config features this server cannot give the model: a load error naming them, not a silent ignore."""

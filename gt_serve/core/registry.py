@@ -6,9 +6,8 @@ loop (sessions take time to build); the executors themselves come from an inject
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,16 +36,25 @@ class LoadedModel:
     config: mc.ModelConfig
     spec: ModelSpec
     stats: ModelStats
-    executor: Any = None  # set by the ModelHost: has `async submit(...)` and `async close(...)`
+    executor: Any = None  # from ModelHost.open: has `async submit(...)` and `async close(...)`; None for an ensemble
     providers: list = field(default_factory=list)  # execution providers its sessions really got
     state: str = LOADING
     reason: str = ""
     ensemble: EnsemblePlan | None = None  # an ensemble (core/ensemble.py): no executor, its steps run
 
 
+@dataclass(frozen=True)
+class Opened:
+    """What a ModelHost built for one model version."""
+
+    executor: Any
+    providers: list = field(default_factory=list)
+
+
 class ModelHost(Protocol):
-    def open(self, model: LoadedModel) -> None:
-        """Build sessions and the executor for `model` (blocking; called in a worker thread)."""
+    def open(self, model: LoadedModel) -> Opened:
+        """Build sessions and the executor for `model` (blocking; called in a worker thread); the registry
+        keeps the result in the LoadedModel it makes from `model` (which is not changed)."""
 
     async def close(self, model: LoadedModel, drain_timeout_s: float) -> None:
         """Stop taking work, drain or fail what is queued, release sessions."""
@@ -230,9 +238,9 @@ class ModelRegistry:
                     graph_in, graph_out = self._describe_file(name, model_dir, path)
                 complete_config(cfg, name, graph_in, graph_out, explicit)
                 spec = spec_from_config(cfg, model_dir)
-                model = LoadedModel(name, str(version), path, cfg, spec, ModelStats(name, str(version)))
-                self._host.open(model)
-                opened[str(version)] = model
+                draft = LoadedModel(name, str(version), path, cfg, spec, ModelStats(name, str(version)))
+                built = self._host.open(draft)
+                opened[str(version)] = replace(draft, executor=built.executor, providers=list(built.providers))
         except Exception as exc:
             for model in opened.values():
                 _close_quietly(self._host, model)
@@ -381,19 +389,3 @@ def _close_quietly(host: ModelHost, model: LoadedModel) -> None:
     closer = getattr(host, "close_now", None)
     if closer is not None:
         closer(model)
-
-
-def decode_load_files(parameters: dict[str, Any]) -> dict[str, bytes]:
-    """HTTP sends file overrides base64-encoded, gRPC as bytes: normalise to bytes."""
-    files = {}
-    for key, value in parameters.items():
-        if not key.startswith("file:"):
-            continue
-        if isinstance(value, (bytes, bytearray)):
-            files[key] = bytes(value)
-        else:
-            try:
-                files[key] = base64.b64decode(str(value), validate=True)
-            except ValueError:
-                raise InvalidArgument(f"load parameter '{key}' is not valid base64") from None
-    return files

@@ -37,8 +37,6 @@ MODULE_EXCEPTIONS: dict[str, str] = {
                  "YAML/env/flag layering: move env_layer/_env_value into their own module",
     "edge/messages.py": "every MQTT message schema and its validation: split status/caps/telemetry schemas "
                         "from the validators",
-    "edge/telemetry.py": "MQTT session, signed publish and receive loops, will handling: move RateLimitedLog "
-                         "and the session loop out of the agent",
     "protocol/grpc_native.py": "the gRPC layer over protocol/h2 (framing, inflate, deadlines, auth, dispatch): "
                                "move message assembly into its own module",
     "protocol/h2/connection.py": "the HTTP/2 connection state machine with every RFC 9113 check: move the "

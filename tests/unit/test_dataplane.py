@@ -23,7 +23,7 @@ from gt_serve.core.fleet_link import FleetLink
 from gt_serve.core.model_control import ModelControl, Readiness
 from gt_serve.core.node_view import NodeView
 from gt_serve.core.outlier import OutlierDetector
-from gt_serve.core.registry import ModelRegistry
+from gt_serve.core.registry import ModelRegistry, Opened
 from gt_serve.core.router import Router
 from gt_serve.edge.messages import Caps, Status, Telemetry
 from gt_serve.errors import (
@@ -59,9 +59,9 @@ class NumpyHost:
     def __init__(self) -> None:
         self.opened: list[str] = []
 
-    def open(self, model) -> None:
-        model.executor = ScaleExecutor(2.0)
+    def open(self, model) -> Opened:
         self.opened.append(model.name)
+        return Opened(ScaleExecutor(2.0), ["numpy"])
 
     async def close(self, model, drain_timeout_s: float) -> None:
         await model.executor.close(drain_timeout_s)

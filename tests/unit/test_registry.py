@@ -28,8 +28,9 @@ class RecordingHost(LocalModelHost):
         self.opened, self.closed = [], []
 
     def open(self, model):
-        super().open(model)
+        opened = super().open(model)
         self.opened.append((model.name, model.version))
+        return opened
 
     async def close(self, model, drain_timeout_s):
         await super().close(model, drain_timeout_s)
