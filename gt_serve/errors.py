@@ -20,6 +20,9 @@ class Code(enum.Enum):
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
 
 
+ERROR_KIND_TRAILER = "gt-error-kind"  # the gRPC trailer that carries GtServeError.kind (protocol/status.py)
+
+
 class GtServeError(Exception):
     """An error with a transport-neutral code and a message meant for the client."""
 

@@ -8,6 +8,8 @@ start-up models that failed (`waiting_for`) are READY, however they get loaded l
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -122,7 +124,9 @@ class ModelControl:
                 config = bytes(config).decode("utf-8", "replace")
             else:
                 raise InvalidArgument(f"failed to load '{name}': parameter 'config' must be a JSON string")
-        await self._registry.load(name, config, decode_load_files(parameters))
+        files = decode_load_files(parameters)
+        verify_checksums(name, parameters.get(CHECKSUM_PARAMETER), files)
+        await self._registry.load(name, config, files)
         if self._memory is not None:
             self._memory.forget(name)
             await self._memory.enforce(keep=name)
@@ -148,3 +152,31 @@ def decode_load_files(parameters: dict[str, Any]) -> dict[str, bytes]:
             except ValueError:
                 raise InvalidArgument(f"load parameter '{key}' is not valid base64") from None
     return files
+
+
+CHECKSUM_PARAMETER = "gt_file_sha256"  # gt_serve extension of the load request: {"file:<path>": sha256 hex}
+
+
+def verify_checksums(name: str, checksums: object, files: dict[str, bytes]) -> None:
+    """With `gt_file_sha256` (a JSON object, or a dict), every streamed file must be named in it and match
+    its SHA-256: a replica streamed by a peer (edge/placement_loop.py) is loaded as sent or not at all."""
+    if checksums is None:
+        return
+    if isinstance(checksums, (bytes, bytearray)):
+        checksums = bytes(checksums).decode("utf-8", "replace")
+    try:
+        expected = json.loads(checksums) if isinstance(checksums, str) else checksums
+    except ValueError:
+        expected = None
+    if not isinstance(expected, dict) or not all(isinstance(v, str) for v in expected.values()):
+        raise InvalidArgument(f"failed to load '{name}': parameter '{CHECKSUM_PARAMETER}' must be a JSON object "
+                              "of file parameter -> SHA-256 hex digest")
+    for key in sorted(set(expected) | set(files)):
+        if key not in files:
+            raise InvalidArgument(f"failed to load '{name}': '{CHECKSUM_PARAMETER}' names '{key}', which was not sent")
+        if key not in expected:
+            raise InvalidArgument(f"failed to load '{name}': '{key}' has no checksum in '{CHECKSUM_PARAMETER}'")
+        digest = hashlib.sha256(files[key]).hexdigest()
+        if digest != expected[key].lower():
+            raise InvalidArgument(f"failed to load '{name}': '{key}' does not match its checksum (SHA-256 {digest}, "
+                                  f"expected {expected[key][:64]}): the file was changed or cut in transfer")

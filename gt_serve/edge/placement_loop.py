@@ -2,8 +2,8 @@
 node's demand per model, reads the peers from the shared view, calls the pure policy
 (core/placement.decide) and carries the decisions out: a load asks the peer over the authenticated
 peer link (edge/peer_client.load_replica: by name when the peer's repository has the model, else
-its config and ONNX bytes streamed in the request, sha256 logged; after the load the peer's
-metadata must match ours), an unload drains and unloads the local cold replica. Every decision is
+its config and ONNX bytes streamed in the request, their SHA-256 checked by the peer; after the load
+the peer's metadata must match ours), an unload drains and unloads the local cold replica. Every decision is
 logged once per change and counted in `counts` ({(action, reason): n}, gt_placement_decisions_total).
 
 Demand: occupancy by Little's law, the time requests spent in this node over the window divided by

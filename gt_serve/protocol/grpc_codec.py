@@ -6,13 +6,14 @@ encoding from protocol/codec.py (little-endian, row-major; BYTES length-prefixed
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InvalidArgument, InvalidInput
 from ..types import InferRequest, InferResponse, RequestedOutput, Tensor
+from ..v2_params import fill_params, params_from_proto
 from .codec import array_from_raw, numpy_dtype, serialize_bytes
 
 _SHM_REGION = "shared_memory_region"
@@ -35,41 +36,6 @@ _CONTENTS_FIELD: dict[str, str] = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
-
-
-# ---------------------------------------------------------------------------------------------
-# parameters
-
-
-def params_from_proto(params) -> dict[str, Any]:
-    """map<string, InferParameter | ModelRepositoryParameter> -> {key: python value}."""
-    if not params:
-        return {}
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        choice = value.WhichOneof("parameter_choice")
-        out[key] = getattr(value, choice) if choice is not None else None
-    return out
-
-
-def fill_params(target, params: dict[str, Any]) -> None:
-    """Write {key: value} into a map<string, InferParameter> field."""
-    for key, value in params.items():
-        slot = target[key]
-        if isinstance(value, bool):
-            slot.bool_param = value
-        elif isinstance(value, (int, np.integer)):
-            value = int(value)
-            if value > 0x7FFFFFFFFFFFFFFF:
-                slot.uint64_param = value
-            else:
-                slot.int64_param = value
-        elif isinstance(value, (float, np.floating)):
-            slot.double_param = float(value)
-        elif isinstance(value, (bytes, bytearray)):
-            slot.string_param = bytes(value).decode("utf-8", "replace")
-        else:
-            slot.string_param = str(value)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,11 +63,13 @@ _RESPONSE_HEADERS_BLOCK = b"\x88" + b"\x0f\x10" + _hpack_str(b"application/grpc"
 _OK_TRAILERS_BLOCK = _literal(b"grpc-status", b"0")
 
 
-def _status_block(code: int, message: str) -> bytes:
+def _status_block(code: int, message: str, trailers: tuple = ()) -> bytes:
     block = _literal(b"grpc-status", str(code).encode())
     if message:
         message = message[:_MAX_STATUS_MESSAGE_CHARS]
         block += _literal(b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode())
+    for name, value in trailers:  # the servicer's own (status.grpc_trailers): plain lowercase ASCII
+        block += _literal(name.encode("ascii"), value.encode("ascii"))
     return block
 
 
@@ -85,10 +87,11 @@ _parse_timeout = parse_timeout  # the name older tests import
 
 
 class _Abort(grpc.aio.AbortError):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, trailers: tuple = ()) -> None:
         super().__init__(details)
         self.code = code
         self.details = details
+        self.trailers = tuple(trailers)
 
 
 def _inflate_bounded(encoding: str | None, data: bytes, max_bytes: int) -> bytes:
@@ -126,7 +129,7 @@ class _Context:
         return self._metadata
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
-        raise _Abort(code, details)
+        raise _Abort(code, details, trailing_metadata)
 
 
 class _GrpcStream(H2Stream):
@@ -333,7 +336,7 @@ class GrpcConnection(H2Connection):
         except asyncio.CancelledError:
             return
         except _Abort as exc:
-            return self.finish(stream, exc.code, exc.details)
+            return self.finish(stream, exc.code, exc.details, exc.trailers)
         except Exception as exc:  # noqa: BLE001 - the servicer translates GtServeErrors; this is a bug
             log.exception("unexpected error in gRPC handler")
             return self.finish(stream, grpc.StatusCode.UNKNOWN, f"Unexpected error: {type(exc).__name__}: {exc}")
@@ -350,7 +353,7 @@ class GrpcConnection(H2Connection):
         except asyncio.CancelledError:
             return
         except _Abort as exc:
-            return self.finish(stream, exc.code, exc.details)
+            return self.finish(stream, exc.code, exc.details, exc.trailers)
         except Exception as exc:  # noqa: BLE001
             log.exception("unexpected error in gRPC stream handler")
             return self.finish(stream, grpc.StatusCode.UNKNOWN, f"Unexpected error: {type(exc).__name__}: {exc}")
@@ -373,7 +376,7 @@ class GrpcConnection(H2Connection):
             head = _RESPONSE_HEADERS_BLOCK
         self.send(stream, head, (b"\x00" + u32(len(body)), body), _OK_TRAILERS_BLOCK if last else None)
 
-    def finish(self, stream: _GrpcStream, code: grpc.StatusCode, message: str) -> None:
+    def finish(self, stream: _GrpcStream, code: grpc.StatusCode, message: str, trailers: tuple = ()) -> None:
         """End a call with a status: trailers after what was sent, or trailers-only."""
         if stream.finished:
             return
@@ -382,7 +385,7 @@ class GrpcConnection(H2Connection):
             stream.task.cancel()
         if stream.messages is not None and not stream.remote_closed:
             stream.messages.put(None)
-        block = _status_block(code.value[0], message)
+        block = _status_block(code.value[0], message, trailers)
         if not stream.headers_sent:
             stream.headers_sent = True
             block = _RESPONSE_HEADERS_BLOCK + block

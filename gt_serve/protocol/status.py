@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-from ..errors import Code, GtServeError, MethodNotAllowed, Unauthenticated
-
-ERROR_KIND_TRAILER = "gt-error-kind"
+from ..errors import ERROR_KIND_TRAILER, Code, GtServeError, MethodNotAllowed, Unauthenticated
 
 HTTP_STATUS: dict[Code, int] = {
     Code.INVALID_ARGUMENT: 400,

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
+import hashlib
 import http.client
 import json
 import os
@@ -434,6 +436,20 @@ def test_load_with_file_override(explicit_server):
         assert status == 400 and "base64" in json.loads(body)["error"]
         c.unload_model("nobatch_copy")
         assert not c.is_model_ready("nobatch_copy")
+        # gt_file_sha256: a streamed file is loaded as sent or not at all (a peer's replica, issue #18)
+        good = hashlib.sha256(onnx_bytes).hexdigest()
+        cut = base64.b64encode(onnx_bytes[:-7]).decode()
+        status, _, body = raw_request(explicit_server, "POST", "/v2/repository/models/nobatch_copy/load", json.dumps(
+            {"parameters": {"config": config, "file:1/model.onnx": cut,
+                            "gt_file_sha256": json.dumps({"file:1/model.onnx": good})}}))
+        assert status == 400 and "'file:1/model.onnx' does not match its checksum" in json.loads(body)["error"]
+        assert not c.is_model_ready("nobatch_copy")
+        status, _, body = raw_request(explicit_server, "POST", "/v2/repository/models/nobatch_copy/load", json.dumps(
+            {"parameters": {"config": config, "file:1/model.onnx": base64.b64encode(onnx_bytes).decode(),
+                            "gt_file_sha256": json.dumps({"file:1/model.onnx": good})}}))
+        assert status == 200, body
+        assert c.is_model_ready("nobatch_copy")
+        c.unload_model("nobatch_copy")
     finally:
         c.close()
 

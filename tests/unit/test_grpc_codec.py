@@ -173,13 +173,14 @@ def test_every_error_code_has_a_status_on_both_transports():
 
 
 @pytest.mark.asyncio
-async def test_a_model_not_found_status_carries_its_kind_as_a_trailer():
+@pytest.mark.parametrize("transport", ["grpcio", "native"])
+async def test_a_model_not_found_status_carries_its_kind_as_a_trailer(transport):
     import grpc
     from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-    from gt_serve.errors import ModelNotFound
+    from gt_serve.errors import ERROR_KIND_TRAILER, ModelNotFound
     from gt_serve.protocol.grpc import start_grpc
-    from gt_serve.protocol.status import ERROR_KIND_TRAILER
+    from gt_serve.protocol.grpc_native import start_grpc_native
 
     class UnknownModels:
         async def model_metadata(self, name, version=""):
@@ -188,7 +189,7 @@ async def test_a_model_not_found_status_carries_its_kind_as_a_trailer():
         async def model_config(self, name, version=""):
             raise InvalidArgument("a plain invalid argument")
 
-    front = await start_grpc(UnknownModels(), "127.0.0.1", 0)
+    front = await (start_grpc if transport == "grpcio" else start_grpc_native)(UnknownModels(), "127.0.0.1", 0)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)
