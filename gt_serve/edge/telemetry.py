@@ -346,9 +346,10 @@ class TelemetryAgent:
             return
         if msg is None:
             return
-        if is_will(msg, self.node):
-            self.wills.offer(msg, retained,  # type: ignore[arg-type]
-                             peer_is_live=self.view.health(msg.node, self._clock()) is Health.LIVE)
+        if is_will(msg):  # a will proves nothing about the broker: a shutting-down one sends them all, ours too
+            if msg.node != self.node:
+                self.wills.offer(msg, retained,  # type: ignore[arg-type]
+                                 peer_is_live=self.view.health(msg.node, self._clock()) is Health.LIVE)
             return
         self.wills.heard(msg.node)  # the broker still routes: the wills before this one were real
         if msg.node == self.node:

@@ -3,9 +3,10 @@
 A broker that shuts down (restart, upgrade, container stop) publishes the will of every client it
 disconnects, then closes the remaining connections: to the subscribers still connected, every peer
 seems to die at once. Such wills must not count. A broker that runs normally routes other messages
-after a will; one that shuts down sends nothing after its wills (they are written during shutdown,
-behind whatever was already queued). So a will is held until any later message arrives from the
-broker (this node's own telemetry echo included; the agent publishes one at once to hurry it), and
+after a will; one that shuts down sends nothing after its wills but more wills (this node's own among
+them), written during shutdown behind whatever was already queued. So a will is held until a later
+message that is not a will arrives from the broker (this node's own telemetry echo included; the
+agent publishes one at once to hurry it), and
 dropped when the link is lost first. A later message from the will's own node means it reconnected:
 the will is dropped. No timer decides, so a slow event loop cannot turn a broker restart into dead
 peers.
@@ -25,9 +26,9 @@ from gt_serve.edge.messages import Message, Status
 log = logging.getLogger(__name__)
 
 
-def is_will(msg: Message, self_node: str) -> bool:
-    """A peer's last will: status ``lost`` of another node."""
-    return isinstance(msg, Status) and msg.state == "lost" and msg.node != self_node
+def is_will(msg: Message) -> bool:
+    """A last will: status ``lost`` (a peer's, or this node's own, which a shutting-down broker sends too)."""
+    return isinstance(msg, Status) and msg.state == "lost"
 
 
 class HeldWills:

@@ -179,11 +179,14 @@ async def proxied(broker: Mosquitto, agents) -> AsyncIterator[tuple[ShutdownProx
 
 
 @pytest.mark.asyncio
-async def test_wills_that_come_with_the_loss_of_the_broker_are_ignored(proxied) -> None:
+@pytest.mark.parametrize("order", ["peer's will only", "peer's will, then a's own"])
+async def test_wills_that_come_with_the_loss_of_the_broker_are_ignored(proxied, order) -> None:
+    """A shutting-down broker sends every client's will, this node's own too (in any order): none is
+    proof that the broker still runs."""
     proxy, a, b = proxied
     events = record(a.view, "b")
     connects = a.stats.connects
-    proxy.shut_down([will_of(b)])
+    proxy.shut_down([will_of(b)] + ([will_of(a)] if "own" in order else []))
     await a.wait_until(lambda: a.stats.connects > connects, WAIT_S)  # lost the link, then reconnected
     assert a.wills.dropped == 1 and a.wills.confirmed == 0
     await a.view.wait_for(lambda now_s: live(a, "b")(now_s) and a.view.peer("b", now_s).age_s < PERIOD_S, WAIT_S)

@@ -47,7 +47,7 @@ def test_a_stored_will_counts_only_for_a_peer_not_held_live() -> None:
     assert applied == ["c"] and wills.ignored_retained == 1 and probes == [] and len(wills) == 0
 
 
-def test_only_another_nodes_lost_status_is_a_will() -> None:
-    assert is_will(will("b"), "a")
-    assert not is_will(will("a"), "a")
-    assert not is_will(Status(node="b", epoch=1, state="offline", ts_s=0.0), "a")
+def test_only_a_lost_status_is_a_will() -> None:
+    assert is_will(will("b")) and is_will(will("a"))  # this node's own will is a will too: it confirms nothing
+    assert not is_will(Status(node="b", epoch=1, state="offline", ts_s=0.0))
+    assert not is_will(Status(node="b", epoch=1, state="ready", ts_s=0.0))
