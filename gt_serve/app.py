@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .backends.device_memory import device_used_bytes
 from .config import Config, metrics_bearer_token
 from .core.dataplane import DataPlane
 from .core.fleet_link import FleetLink
@@ -85,8 +86,7 @@ class App:
         return demo_repository(self._demo_dir)
 
     def _build_execution(self, loop: asyncio.AbstractEventLoop) -> LocalModelHost:
-        """Lanes and pools (execution.lane_plan), the scheduler, the energy books, and the host that puts
-        one ModelExecutor per loaded model on those lanes."""
+        """Lanes and pools (execution.lane_plan), scheduler, energy books, and the host of the models' executors."""
         backend = _array_backend()
         plan = start_lanes(self.cfg.lanes, loop, backend)
         self.lanes, self._intra_op, self.host_pool = plan.lanes, plan.intra_op_threads, plan.host_pool
@@ -96,11 +96,11 @@ class App:
         jobs = JobFactory(backend, self.host_pool, self.lane_backends, self.cfg.lanes.io_binding)
         cache_bytes = self.cfg.server.response_cache_bytes
         self.response_cache = ResponseCache(cache_bytes) if cache_bytes > 0 else None
-        book = MemoryBook(self.cfg.lanes.model_memory_budget_bytes, self.cfg.lanes.model_memory_budgets)
+        book = MemoryBook(self.cfg.lanes.model_memory_budget_bytes, self.cfg.lanes.model_memory_budgets, device_bytes=device_used_bytes)
         self.memory_book = book if book.enabled else None
         return LocalModelHost(loop, self.scheduler, self.lanes, self._runner_factory, jobs, self.cfg.models,
                               energy_observer=self.energy.on_batch, response_cache=self.response_cache is not None,
-                              memory=self.memory_book)
+                              memory=self.memory_book, slo_s={m: ms / 1e3 for m, ms in self.cfg.router.slo_ms.items()})
 
     async def start(self) -> None:
         from .backends.onnx_runner import describe_model

@@ -138,6 +138,18 @@ class ResourceExhausted(GtServeError):
     code = Code.RESOURCE_EXHAUSTED
 
 
+class DeviceOutOfMemory(ResourceExhausted):
+    """A model does not fit in a device's memory: onnxruntime could not allocate its session there, or the
+    spill path (core/spill.py) could not move it to a CPU lane. `device` ("gpu:N") and `model` name them."""
+
+    def __init__(self, device: str, model: str, detail: str = "") -> None:
+        super().__init__(f"model '{model}' does not fit in the memory of device {device}"
+                         + (f": {detail}" if detail else ""))
+        self.device = device
+        self.model = model
+        self.detail = detail
+
+
 class Internal(GtServeError):
     code = Code.INTERNAL
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgument
+from ..errors import DeviceOutOfMemory, InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class OnnxRunner:
         providers, wanted = _providers(ort, settings, device, device_id, cuda_stream_ptr)
         self.model_path = model_path
         self.requested_device = device
-        self.session = ort.InferenceSession(model_path, sess_options=opts, providers=providers)
+        self.session = _new_session(ort, model_path, opts, providers, device, device_id)
         got = self.session.get_providers()
         self.provider = got[0] if got else "CPUExecutionProvider"
         missing = [w for w in wanted if w not in got]
@@ -74,7 +75,7 @@ class OnnxRunner:
                                   f"it (it got {', '.join(got)}); see the server log for onnxruntime's reason")
         if device == "gpu" and self.provider != "CUDAExecutionProvider" and not wanted:
             log.warning("model %s: asked for CUDA on GPU %d but onnxruntime gave %s (running on the CPU)",
-                        os.path.basename(os.path.dirname(os.path.dirname(model_path))), device_id, self.provider)
+                        _model_name(model_path), device_id, self.provider)
         self.effective = _effective(self.session.get_session_options(), got)
         self._in_reshape = dict(getattr(settings, "input_reshape", ()) or ())
         self._out_reshape = dict(getattr(settings, "output_reshape", ()) or ())
@@ -186,6 +187,31 @@ class OnnxRunner:
 
 _GRAPH_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "disabled": "ORT_DISABLE_ALL",
                  "all": "ORT_ENABLE_ALL"}
+
+
+# onnxruntime's allocation failures carry no type of their own: their text is read here, and only here
+_OUT_OF_MEMORY = re.compile(r"out of memory|failed to allocate memory|cuda failure 2(?!\d)", re.IGNORECASE)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether onnxruntime's error `exc` is a failed device allocation (BFC arena, cudaMalloc: CUDA error 2)."""
+    return bool(_OUT_OF_MEMORY.search(str(exc)))
+
+
+def _model_name(model_path: str) -> str:
+    """The model's name in the repository layout <repository>/<model>/<version>/<file>."""
+    return os.path.basename(os.path.dirname(os.path.dirname(model_path)))
+
+
+def _new_session(ort, model_path: str, opts, providers: list, device: str, device_id: int):
+    """The InferenceSession; on a GPU, an allocation failure is a DeviceOutOfMemory (the spill path's cue)."""
+    try:
+        return ort.InferenceSession(model_path, sess_options=opts, providers=providers)
+    except Exception as exc:
+        if device == "gpu" and is_out_of_memory(exc):
+            raise DeviceOutOfMemory(f"gpu:{device_id}", _model_name(model_path),
+                                    f"onnxruntime could not allocate the session: {exc}") from exc
+        raise
 
 
 def _session_options(ort, settings: Any, intra_op_threads: int, inter_op_threads: int, spin_us: int):

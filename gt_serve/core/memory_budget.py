@@ -1,14 +1,20 @@
 """Model-memory budget per device, with eviction of idle models and reload on demand (issue #18 item 2).
 
 MemoryBook: what each loaded model version really takes per device, measured by the ModelHost after the
-load (the process RSS delta around its session creation, per device, and again after a warm-up, since
-onnxruntime's CPU arena grows on the first runs), and each device's budget. It is pure bookkeeping.
+load (LoadMeasure: the process RSS delta around its session creation, per device, and again after a warm-up,
+since onnxruntime's CPU arena grows on the first runs; on a GPU device the device's used-bytes delta around
+its sessions' creation and warm-up, read through the injected `device_bytes` (backends/device_memory.py),
+the RSS delta only where that cannot be read), and each device's budget. It is pure bookkeeping.
 
 Measurement and its noise: RSS counts every page the process touched, so a load running at the same
 time as another load, a large request or the allocator returning memory makes one delta too big or too
 small (a few MB at most on an idle server; observed ~1-3 MB for ~1 MB of weights). A session's arena
-growing later (a bigger batch than warm-up's) is not seen until the model is reloaded. On GPU lanes the
-delta is host memory only: device memory is not measured yet (a GPU budget stays unenforced).
+growing later (a bigger batch than warm-up's) is not seen until the model is reloaded. A device's used
+bytes are the whole device's: another process, or a CuPy pool growing for requests meanwhile, counts too.
+
+The spill path (core/spill.py, applied by the ModelHost): a KIND_AUTO model that does not fit on its GPU
+(onnxruntime's out-of-memory, or a footprint that would take the device past its budget) loads on the CPU
+lanes instead when its SLO allows; the book counts spills per model (`spills`).
 
 MemoryGovernor: once a load has pushed a device over its budget, unloads the least recently used idle
 models there (never one with requests queued or running, never the one just loaded), those with a live
@@ -29,6 +35,11 @@ from ..errors import GtServeError, Unavailable
 log = logging.getLogger(__name__)
 
 EVICTED_REASON = "evicted (memory budget)"
+
+
+def no_device_bytes(device: str) -> int | None:
+    """The default `device_bytes`: no device is measurable (footprints fall back to the RSS delta)."""
+    return None
 
 
 def process_rss_bytes() -> int:
@@ -70,10 +81,15 @@ class MemoryBook:
     `budget_bytes`: every device's budget (0 = unlimited); `per_device`: {"cpu" | "gpu" | "gpu:N": bytes}."""
 
     def __init__(self, budget_bytes: int = 0, per_device: Mapping[str, int] | None = None,
-                 rss_bytes: Callable[[], int] = process_rss_bytes) -> None:
+                 rss_bytes: Callable[[], int] = process_rss_bytes,
+                 device_bytes: Callable[[str], int | None] = no_device_bytes) -> None:
+        """`device_bytes(device)`: a GPU device's used bytes, None where not measurable (app.py injects
+        backends/device_memory.device_used_bytes)."""
         self._budget_bytes = budget_bytes
         self._per_device = dict(per_device or {})
         self.rss_bytes = rss_bytes
+        self.device_bytes = device_bytes
+        self.spills: dict[str, int] = {}  # model name -> loads that spilled from a GPU to the CPU lanes
         self._footprints: dict[tuple[str, str], dict[str, int]] = {}  # (name, version) -> {device: bytes}
         self._loaded_at_s: dict[tuple[str, str], float] = {}
 
@@ -99,6 +115,9 @@ class MemoryBook:
     def loaded_at_s(self, name: str, version: str) -> float:
         return self._loaded_at_s.get((name, version), 0.0)
 
+    def record_spill(self, name: str) -> None:
+        self.spills[name] = self.spills.get(name, 0) + 1
+
     def used_bytes(self, device: str) -> int:
         return sum(f.get(device, 0) for f in self._footprints.values())
 
@@ -111,6 +130,47 @@ class MemoryBook:
     def as_dict(self) -> dict:
         devices = sorted({d for f in self._footprints.values() for d in f})
         return {d: {"used_bytes": self.used_bytes(d), "budget_bytes": self.budget_for(d)} for d in devices}
+
+
+class LoadMeasure:
+    """One load's footprint per device (run in the loading thread): the RSS delta around each session's
+    creation, plus the warm-up's RSS growth on the first host-measured device; a GPU device whose used bytes
+    can be read gets its device delta from before its first session to after the warm-up instead."""
+
+    def __init__(self, book: MemoryBook | None) -> None:
+        self._rss = book.rss_bytes if book is not None else (lambda: 0)
+        self._device = book.device_bytes if book is not None else no_device_bytes
+        self._device_before: dict[str, int] = {}
+        self._warmup_before = 0
+        self.footprint: dict[str, int] = {}
+
+    def before_session(self, device: str) -> int:
+        """Call before creating a session on `device`; pass what it returns to after_session."""
+        if device.startswith("gpu") and device not in self._device_before:
+            used = self._device(device)
+            if used is not None:
+                self._device_before[device] = used
+        return self._rss()
+
+    def after_session(self, device: str, rss_before: int) -> None:
+        self.footprint[device] = self.footprint.get(device, 0) + self._rss() - rss_before
+
+    def before_warmup(self) -> None:
+        self._warmup_before = self._rss()
+
+    def after_warmup(self) -> None:
+        """onnxruntime's CPU arena grew on the warm-up runs: counted on the first device measured by RSS."""
+        host = [d for d in self.footprint if d not in self._device_before]
+        if host:
+            self.footprint[host[0]] += self._rss() - self._warmup_before
+
+    def finish(self) -> dict[str, int]:
+        """The footprint, each measurable GPU device's entry being its device delta."""
+        for device, before in self._device_before.items():
+            after = self._device(device)
+            if after is not None:
+                self.footprint[device] = after - before
+        return self.footprint
 
 
 class MemoryGovernor:
@@ -195,4 +255,5 @@ class MemoryGovernor:
 
     def stats(self) -> dict:
         return {"devices": self.book.as_dict(), "evicted": sorted(self.evicted),
-                "evictions": dict(sorted(self.evictions.items())), "reloads": dict(sorted(self.reloads.items()))}
+                "evictions": dict(sorted(self.evictions.items())), "reloads": dict(sorted(self.reloads.items())),
+                "spills": dict(sorted(self.book.spills.items()))}

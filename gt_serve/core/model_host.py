@@ -1,24 +1,27 @@
 """Hosts loaded models on the shared lanes: per model version, builds its runners and one ModelExecutor
 (batcher + job factory + completion handling), registers it with the stream scheduler, and closes it on unload.
 
-Runners and batch jobs come from injected factories, so this module never touches onnxruntime.
+Runners and batch jobs come from injected factories, so this module never touches onnxruntime. A model
+that does not fit on its GPU may load on the CPU lanes instead (the spill path, core/spill.py).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DeviceOutOfMemory
 from .batch_completion import BatchCompletion, EnergyObserver
 from .batch_policy import BatchConfig
 from .batcher import Batcher, QueuePolicy
-from .memory_budget import MemoryBook
+from .memory_budget import LoadMeasure, MemoryBook
 from .model_executor import JobFactory, ModelExecutor
 from .registry import LoadedModel, Opened
+from .spill import Spill, may_spill, over_device_budget, slo_miss
 from .stream_scheduler import StreamScheduler
 from .warmup import run_warmup
 
@@ -50,12 +53,27 @@ def batching_from_config(cfg: mc.ModelConfig, knobs: Mapping[str, Any]) -> tuple
     return (BatchConfig(mbs_eff, preferred, delay_s), policy, int(db.priority_levels), int(db.default_priority_level))
 
 
+@dataclass
+class _Placed:
+    """A model's sessions on its lanes, as one load made them: where, what they took, the warm-up (runs, ns)."""
+
+    lanes: list
+    runners: dict  # lane -> runner
+    footprint: dict[str, int]  # device -> bytes
+    warmup: tuple[int, int] | None
+
+    def close(self) -> None:
+        for runner in dict.fromkeys(self.runners.values()):
+            runner.close()
+
+
 class LocalModelHost:
     def __init__(self, loop: asyncio.AbstractEventLoop, scheduler: StreamScheduler, lanes: list,
                  runner_factory: RunnerFactory, job_factory: JobFactory,
                  model_knobs: Mapping[str, Mapping[str, Any]] | None = None, *,
                  energy_observer: EnergyObserver | None = None, response_cache: bool = False,
-                 memory: MemoryBook | None = None) -> None:
+                 memory: MemoryBook | None = None, slo_s: Mapping[str, float] | None = None) -> None:
+        """`slo_s`: latency SLO per model name (router.slo_ms), for the spill path's check (core/spill.py)."""
         self.loop = loop
         self.scheduler = scheduler
         self.lanes = lanes
@@ -65,10 +83,12 @@ class LocalModelHost:
         self._energy_observer = energy_observer  # e.g. NodeEnergy.on_batch
         self._response_cache = response_cache  # the server has a response cache (server.response_cache_bytes > 0)
         self._memory = memory  # model-memory budget book: footprints measured here (core/memory_budget.py)
+        self._slo_s = dict(slo_s or {})
 
-    def _lanes_for(self, cfg: mc.ModelConfig) -> list:
+    def _lanes_for(self, cfg: mc.ModelConfig, cpu_only: bool = False) -> list:
         """instance_group -> the shared lanes this model may use: per group, `count` lanes of its kind
-        (KIND_GPU on the listed GPUs; KIND_AUTO: the GPU when there is one, else the CPU)."""
+        (KIND_GPU on the listed GPUs; KIND_AUTO: the GPU when there is one, else the CPU; `cpu_only`, for a
+        spill: KIND_AUTO on the CPU)."""
         cpu_lanes = [lane for lane in self.lanes if not lane.on_gpu]
         chosen: list = []
         for group in cfg.instance_group:
@@ -80,8 +100,8 @@ class LocalModelHost:
             elif group.kind == mc.ModelInstanceGroup.KIND_GPU and not gpu_lanes:
                 raise ConfigError(f"model '{cfg.name}': instance_group kind KIND_GPU{' gpus ' + str(sorted(gpus)) if gpus else ''}"
                                   " but this server has no such GPU lane (use KIND_AUTO or KIND_CPU)")
-            else:  # KIND_GPU, or KIND_AUTO: the GPU when there is one, else the CPU
-                pool = gpu_lanes or cpu_lanes
+            else:  # KIND_GPU, or KIND_AUTO: the GPU when there is one (not when spilling), else the CPU
+                pool = cpu_lanes if cpu_only else (gpu_lanes or cpu_lanes)
             if group.count <= 0:  # unspecified: every lane of that kind (shown in /config as the count)
                 group.count = len(pool)
             for lane in pool[:group.count]:
@@ -89,21 +109,20 @@ class LocalModelHost:
                     chosen.append(lane)
         return chosen or cpu_lanes or list(self.lanes)
 
-    def _open_runners(self, model: LoadedModel, lanes: list, footprint: dict[str, int]) -> dict:
+    def _open_runners(self, model: LoadedModel, lanes: list, measure: LoadMeasure) -> dict:
         """lane -> runner: one session per GPU lane (bound to its stream), one per device for CPU lanes;
-        `footprint` gets each device's RSS delta around its sessions' creation (core/memory_budget.py)."""
+        `measure` sees each session's creation (core/memory_budget.LoadMeasure)."""
         runners: dict[str, Any] = {}
         per_lane: dict = {}
-        rss = self._memory.rss_bytes if self._memory is not None else (lambda: 0)
         settings = model.spec.session
         extra = (settings,) if settings is not None else ()
         try:
             for lane in lanes:
                 key = lane.lane_id if lane.on_gpu else lane.device
                 if key not in runners:
-                    before = rss()
+                    before = measure.before_session(lane.device)
                     runners[key] = self._runner_factory(str(model.path), lane.device, lane, *extra)
-                    footprint[lane.device] = footprint.get(lane.device, 0) + rss() - before
+                    measure.after_session(lane.device, before)
                 per_lane[lane] = runners[key]
         except Exception:
             for r in runners.values():
@@ -111,27 +130,68 @@ class LocalModelHost:
             raise
         return per_lane
 
+    def _open_measured(self, model: LoadedModel, lanes: list) -> _Placed:
+        """The model's runners on `lanes`, warmed up (before the executor exists: nothing can reach the model
+        yet), with the footprint they took per device."""
+        measure = LoadMeasure(self._memory)
+        placed = _Placed(lanes, self._open_runners(model, lanes, measure), {}, None)
+        if model.spec.warmup:
+            measure.before_warmup()
+            try:
+                placed.warmup = run_warmup(model.name, model.version, model.spec.warmup, placed.runners,
+                                           list(model.spec.output_order))
+            except Exception:
+                placed.close()
+                raise
+            measure.after_warmup()
+        placed.footprint = measure.finish()
+        return placed
+
+    def _place(self, model: LoadedModel, lanes: list, knobs: Mapping[str, Any], counts: list[int]) -> _Placed:
+        """Open the model on the lanes chosen; on the CPU lanes instead when its GPU cannot hold it and the
+        spill rule allows (core/spill.py). `counts`: its instance groups' counts as configured."""
+        settings = model.spec.session
+        accelerators = bool(settings is not None and settings.gpu_accelerators)
+        spillable = may_spill(model.config, lanes, self.lanes, knobs, accelerators)
+        try:
+            placed = self._open_measured(model, lanes)
+        except DeviceOutOfMemory as exc:
+            if not spillable:
+                raise
+            return self._spill(model, counts, Spill(exc.device, exc.detail or "out of device memory"))
+        spill = over_device_budget(self._memory, placed.footprint) if spillable else None
+        if spill is None:
+            return placed
+        placed.close()  # the GPU sessions go before the CPU ones are made
+        return self._spill(model, counts, spill)
+
+    def _spill(self, model: LoadedModel, counts: list[int], spill: Spill) -> _Placed:
+        """The model on the CPU lanes instead of `spill.device`; DeviceOutOfMemory when they would miss its SLO."""
+        for group, count in zip(model.config.instance_group, counts):
+            group.count = count  # a default count is filled in again, for the CPU lanes
+        placed = self._open_measured(model, self._lanes_for(model.config, cpu_only=True))
+        miss = slo_miss(placed.warmup, self._slo_s.get(model.name))
+        if miss:
+            placed.close()
+            raise DeviceOutOfMemory(spill.device, model.name, f"{spill.reason}; not spilled to the CPU lanes: {miss}")
+        log.warning("model %s v%s spills from %s to the CPU lanes %s: %s", model.name, model.version, spill.device,
+                    ",".join(lane.lane_id for lane in placed.lanes), spill.reason)
+        model.stats.spilled = spill.as_dict()
+        if self._memory is not None:
+            self._memory.record_spill(model.name)
+        return placed
+
     def open(self, model: LoadedModel) -> Opened:
         """Runs in a worker thread: builds the runners and the model's executor, and registers it."""
         knobs = dict(self._knobs.get(model.name, {}))
+        counts = [int(group.count) for group in model.config.instance_group]  # before _lanes_for fills defaults in
         lanes = self._lanes_for(model.config)
         self._check_features(model, lanes)
-        footprint: dict[str, int] = {}
-        runners = self._open_runners(model, lanes, footprint)
-        if model.spec.warmup:  # before the executor exists: nothing can reach the model yet
-            before_warmup = self._memory.rss_bytes() if self._memory is not None else 0
-            try:
-                runs, warmup_ns = run_warmup(model.name, model.version, model.spec.warmup, runners,
-                                             list(model.spec.output_order))
-            except Exception:
-                for runner in dict.fromkeys(runners.values()):
-                    runner.close()
-                raise
-            model.stats.record_warmup(runs, warmup_ns)
-            if self._memory is not None:  # the CPU arena grew on the warm-up runs: count it on the first device
-                first = next(iter(footprint), "cpu")
-                footprint[first] += self._memory.rss_bytes() - before_warmup
-        self._record_footprint(model, footprint)
+        placed = self._place(model, lanes, knobs, counts)
+        lanes, runners = placed.lanes, placed.runners
+        if placed.warmup is not None:
+            model.stats.record_warmup(*placed.warmup)
+        self._record_footprint(model, placed.footprint)
         batch_cfg, policy, levels, default_level = batching_from_config(model.config, knobs)
         batcher = Batcher(model.name, batch_cfg, policy, wake=self.scheduler.notify, priority_levels=levels,
                           default_priority=default_level, loop=self.loop)

@@ -48,6 +48,7 @@ class ModelStats:
         self.energy_j = 0.0
         self.warmup = Duration()  # model_warmup runs at load (all lanes), before the model was READY
         self.memory_usage: list[dict] = []  # Triton's shape: [{"type": "CPU", "id": 0, "byte_size": N}] (measured at load)
+        self.spilled: dict = {}  # set at load when it left its GPU for the CPU lanes: {"from", "to", "reason"}
 
     def record_batch(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int, request_count: int) -> None:
         """One model execution of `batch_size` samples formed from `request_count` requests."""
@@ -101,6 +102,8 @@ class ModelStats:
             "memory_usage": list(self.memory_usage),
             # gt_serve extension: model_warmup runs at load and their total time
             "warmup": self.warmup.as_dict(),
+            # gt_serve extension: the spill path moved this version from its GPU to the CPU lanes ({} if not)
+            "spilled": dict(self.spilled),
             # gt_serve extension: dynamic energy attributed to this model version (J above idle)
             "energy": {"dynamic_j": round(self.energy_j, 9),
                        "dynamic_j_per_inference": round(self.energy_j / self.inference_count, 9)

@@ -146,11 +146,13 @@ def placement_metric_provider(counts: dict):
 
 
 def memory_metric_provider(memory: Any):
-    """gt_model_evictions_total{model}, gt_model_reloads_total{model} and each device's model-memory use and
-    budget, from the MemoryGovernor (core/memory_budget.py)."""
+    """gt_model_evictions_total{model}, gt_model_reloads_total{model}, gt_model_spills_total{model} and each
+    device's model-memory use and budget, from the MemoryGovernor (core/memory_budget.py)."""
     def collect():
         for name, doc, counts in (("gt_model_evictions", "Models evicted for the model-memory budget", memory.evictions),
-                                  ("gt_model_reloads", "Evicted models reloaded on demand", memory.reloads)):
+                                  ("gt_model_reloads", "Evicted models reloaded on demand", memory.reloads),
+                                  ("gt_model_spills", "Loads moved from a GPU to the CPU lanes (the spill path)",
+                                   memory.book.spills)):
             fam = CounterMetricFamily(name, doc, labels=["model"])
             for model, n in sorted(counts.items()):
                 fam.add_metric([model], n)
