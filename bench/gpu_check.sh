@@ -66,7 +66,7 @@ print('device 0:', props['name'], 'cc', props['major'], props['minor'],
 
 step nvcc-compile 90 "${PY}" -m pytest tests/unit/test_kernels_compile.py -q -p no:cacheprovider -rs
 
-step gpu-tests 150 "${PY}" -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rs
+step gpu-tests 150 "${PY}" -m pytest -m gpu tests/gpu tests/unit/test_spill.py -q -p no:cacheprovider -rs
 
 step bench-kernels 60 "${PY}" bench/bench_kernels.py --iterations 50
 
