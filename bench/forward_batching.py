@@ -2,7 +2,7 @@
 one-by-one forwarding (today) vs the forward batcher (core/forward_batcher.py), in the same run.
 
 The peer is a real gt-serve process on loopback holding a small batchable model; the forwarding node is
-this process: its real PeerClient (tritonclient.grpc.aio) alone, then behind a ForwardBatcher, driven by
+this process: its real PeerClient (the V2 stub over grpc.aio) alone, then behind a ForwardBatcher, driven by
 `--concurrency` closed-loop callers for `--seconds` each. CPU is this process's (the forwarding node's)
 user+system time over the run, per forwarded request; the peer's CPU is read from /proc for it.
 Not measured here: a full two-node cluster with telemetry (the router's choice is not part of this cost).

@@ -1,5 +1,5 @@
 """The forward batcher (core/forward_batcher.py) against a real peer: a real gt-serve process reached
-through the real PeerClient (tritonclient.grpc.aio). Requests in one window go as one RPC, split back."""
+through the real PeerClient (the V2 stub over grpc.aio). Requests in one window go as one RPC, split back."""
 import asyncio
 
 import numpy as np
