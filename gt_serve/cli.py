@@ -1,11 +1,11 @@
-"""argparse -> config.load_config() -> app.run(); nothing else. Flag names follow Triton's."""
+"""argparse -> config_layers.load_config() -> app.run(); nothing else. Flag names follow Triton's."""
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
 
-from .config import load_config
+from .config_layers import load_config
 from .errors import ConfigError
 
 

@@ -33,7 +33,8 @@ import aiomqtt
 from gt_serve.core.node_view import Health, NodeView
 from gt_serve.edge import messages
 from gt_serve.edge.auth import AuthError, ClusterKeys, ReplayGuard, read_header
-from gt_serve.edge.messages import Caps, ForeignMessage, MessageError, Status
+from gt_serve.edge.message_fields import MessageError
+from gt_serve.edge.messages import Caps, ForeignMessage, Status
 from gt_serve.edge.mqtt_link import AgentStats, BrokerSettings, Flag, first_of
 from gt_serve.edge.rate_limited_log import RateLimitedLog
 from gt_serve.edge.wills import HeldWills, is_will

@@ -9,105 +9,35 @@ This layer adds gRPC: length-prefixed messages reassembled linearly and refused 
 prefix announces more than `max_message_bytes`, gzip/deflate request messages inflated with a
 bound (off the event loop when large), `grpc-timeout` deadlines, metadata, bearer-token auth as the
 grpcio front end does it, trailers-only errors, unary and bidirectional-streaming methods, and a
-graceful stop (GOAWAY, then in-flight calls get the grace period).
+graceful stop (GOAWAY, then in-flight calls get the grace period). The request messages' queue,
+bounded inflation and `Abort` are in `grpc_messages.py`; the header and trailer blocks and
+`grpc-timeout` in `grpc_headers.py`.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import zlib
 from dataclasses import replace
 from typing import Any
-from urllib.parse import quote
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from ..tls import TlsFiles, server_context
 from .grpc import InferenceServicer, bearer_authorized, bearer_values
+from .grpc_headers import OK_TRAILERS_BLOCK, RESPONSE_HEADERS_BLOCK, parse_timeout, status_block
+from .grpc_messages import Abort, Messages, inflate_bounded
 from .tracing import RequestTracer
 from .h2 import H2Connection, H2Limits, H2Stream
 from .h2.frames import PREFACE, u32, unpack_u32
 from .h2.hpack_cache import quiet_hpack_logging
 
-__all__ = ["PREFACE", "NativeGrpcServer", "start_grpc_native", "parse_timeout"]
+__all__ = ["PREFACE", "NativeGrpcServer", "start_grpc_native"]
 
 log = logging.getLogger(__name__)
 
 _SERVICE = "/inference.GRPCInferenceService/"
-_GRPC_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 _NOT_METADATA = frozenset(("content-type", "te", "user-agent", "grpc-accept-encoding", "grpc-timeout", "grpc-encoding"))
-_MAX_STATUS_MESSAGE_CHARS = 4096
-
-
-def _hpack_str(raw: bytes) -> bytes:
-    n = len(raw)
-    if n < 127:
-        return bytes((n,)) + raw
-    out = bytearray((127,))
-    n -= 127
-    while n >= 128:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out) + raw
-
-
-def _literal(name: bytes, value: bytes) -> bytes:
-    """HPACK literal header field without indexing, new name (no Huffman)."""
-    return b"\x00" + _hpack_str(name) + _hpack_str(value)
-
-
-# response headers: ":status: 200" (static index 8) and content-type (static name 31, literal value)
-_RESPONSE_HEADERS_BLOCK = b"\x88" + b"\x0f\x10" + _hpack_str(b"application/grpc")
-_OK_TRAILERS_BLOCK = _literal(b"grpc-status", b"0")
-
-
-def _status_block(code: int, message: str, trailers: tuple = ()) -> bytes:
-    block = _literal(b"grpc-status", str(code).encode())
-    if message:
-        message = message[:_MAX_STATUS_MESSAGE_CHARS]
-        block += _literal(b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode())
-    for name, value in trailers:  # the servicer's own (status.grpc_trailers): plain lowercase ASCII
-        block += _literal(name.encode("ascii"), value.encode("ascii"))
-    return block
-
-
-def parse_timeout(value: str) -> float | None:
-    """A `grpc-timeout` header value in seconds (None when malformed)."""
-    if not 2 <= len(value) <= 9:  # at most 8 digits (gRPC over HTTP/2)
-        return None
-    try:
-        return int(value[:-1]) * _GRPC_TIMEOUT_UNITS[value[-1]]
-    except (KeyError, ValueError):
-        return None
-
-
-_parse_timeout = parse_timeout  # the name older tests import
-
-
-class _Abort(grpc.aio.AbortError):
-    def __init__(self, code: grpc.StatusCode, details: str, trailers: tuple = ()) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-        self.trailers = tuple(trailers)
-
-
-def _inflate_bounded(encoding: str | None, data: bytes, max_bytes: int) -> bytes:
-    if encoding not in ("gzip", "deflate"):
-        raise _Abort(grpc.StatusCode.INTERNAL, "compressed message without grpc-encoding")
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(data, max_bytes + 1)
-    except zlib.error as exc:
-        raise _Abort(grpc.StatusCode.INTERNAL, f"cannot decompress request message: {exc}") from None
-    if len(out) > max_bytes:
-        raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                     f"decompressed message larger than max ({max_bytes} bytes)")
-    if not inflater.eof:
-        raise _Abort(grpc.StatusCode.INTERNAL, "cannot decompress request message: truncated")
-    return out
 
 
 class _Context:
@@ -129,7 +59,7 @@ class _Context:
         return self._metadata
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
-        raise _Abort(code, details, trailing_metadata)
+        raise Abort(code, details, trailing_metadata)
 
 
 class _GrpcStream(H2Stream):
@@ -149,37 +79,9 @@ class _GrpcStream(H2Stream):
         self.request: tuple | None = None  # unary: (flag, message)
         self.requests = 0
         self.task: asyncio.Task | None = None
-        self.messages: _Messages | None = None
+        self.messages: Messages | None = None
         self.deadline_handle: asyncio.TimerHandle | None = None
         self.finished = False  # a status was sent or the stream was dropped
-
-
-class _Messages:
-    """Async iterator over a streaming call's request messages; each is released from the
-    connection's buffer budget when the handler takes it."""
-
-    __slots__ = ("_queue", "_conn", "_stream")
-
-    def __init__(self, conn: GrpcConnection, stream: _GrpcStream) -> None:
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._conn = conn
-        self._stream = stream
-
-    def put(self, item: Any) -> None:
-        self._queue.put_nowait(item)
-
-    def __aiter__(self) -> _Messages:
-        return self
-
-    async def __anext__(self):
-        item = await self._queue.get()
-        if item is None:
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            raise item
-        flag, message = item
-        self._conn.release(self._stream, len(message))
-        return await self._conn.parse(self._stream, flag, message)
 
 
 def _method_table(servicer: InferenceServicer) -> dict[str, tuple]:
@@ -231,7 +133,7 @@ class GrpcConnection(H2Connection):
         stream.method = method
         stream.context = _Context(self._loop, deadline, metadata)
         if method[2]:  # streaming: the handler runs from now on and reads messages as they come
-            stream.messages = _Messages(self, stream)
+            stream.messages = Messages(self, stream)
             stream.task = self._loop.create_task(self._run_streaming(stream))
 
     def stream_data(self, stream: _GrpcStream, data: bytes) -> None:
@@ -302,7 +204,7 @@ class GrpcConnection(H2Connection):
         partial = stream.need >= 0 or stream.prefix
         if stream.messages is not None:  # streaming
             if partial:
-                stream.messages.put(_Abort(grpc.StatusCode.INTERNAL, "incomplete message at end of stream"))
+                stream.messages.put(Abort(grpc.StatusCode.INTERNAL, "incomplete message at end of stream"))
             stream.messages.put(None)
             return
         if stream.requests != 1 or partial:
@@ -319,13 +221,13 @@ class GrpcConnection(H2Connection):
         if flag:
             limit = self._limits.max_message_bytes
             if len(message) > self._limits.inline_inflate_bytes:
-                message = await self._loop.run_in_executor(None, _inflate_bounded, stream.encoding, message, limit)
+                message = await self._loop.run_in_executor(None, inflate_bounded, stream.encoding, message, limit)
             else:
-                message = _inflate_bounded(stream.encoding, message, limit)
+                message = inflate_bounded(stream.encoding, message, limit)
         try:
             return stream.method[1](message)
         except Exception as exc:  # noqa: BLE001 - protobuf decode error: the call's status
-            raise _Abort(grpc.StatusCode.INTERNAL, f"error parsing request message: {exc}") from None
+            raise Abort(grpc.StatusCode.INTERNAL, f"error parsing request message: {exc}") from None
 
     # ---- calls ----
     async def _run_unary(self, stream: _GrpcStream, flag: int, message: bytes) -> None:
@@ -335,7 +237,7 @@ class GrpcConnection(H2Connection):
             response = await stream.method[0](request, stream.context)
         except asyncio.CancelledError:
             return
-        except _Abort as exc:
+        except Abort as exc:
             return self.finish(stream, exc.code, exc.details, exc.trailers)
         except Exception as exc:  # noqa: BLE001 - the servicer translates GtServeErrors; this is a bug
             log.exception("unexpected error in gRPC handler")
@@ -352,7 +254,7 @@ class GrpcConnection(H2Connection):
                 self._send_message(stream, response.SerializeToString(), last=False)
         except asyncio.CancelledError:
             return
-        except _Abort as exc:
+        except Abort as exc:
             return self.finish(stream, exc.code, exc.details, exc.trailers)
         except Exception as exc:  # noqa: BLE001
             log.exception("unexpected error in gRPC stream handler")
@@ -373,8 +275,8 @@ class GrpcConnection(H2Connection):
         head = None
         if not stream.headers_sent:
             stream.headers_sent = True
-            head = _RESPONSE_HEADERS_BLOCK
-        self.send(stream, head, (b"\x00" + u32(len(body)), body), _OK_TRAILERS_BLOCK if last else None)
+            head = RESPONSE_HEADERS_BLOCK
+        self.send(stream, head, (b"\x00" + u32(len(body)), body), OK_TRAILERS_BLOCK if last else None)
 
     def finish(self, stream: _GrpcStream, code: grpc.StatusCode, message: str, trailers: tuple = ()) -> None:
         """End a call with a status: trailers after what was sent, or trailers-only."""
@@ -385,10 +287,10 @@ class GrpcConnection(H2Connection):
             stream.task.cancel()
         if stream.messages is not None and not stream.remote_closed:
             stream.messages.put(None)
-        block = _status_block(code.value[0], message, trailers)
+        block = status_block(code.value[0], message, trailers)
         if not stream.headers_sent:
             stream.headers_sent = True
-            block = _RESPONSE_HEADERS_BLOCK + block
+            block = RESPONSE_HEADERS_BLOCK + block
         self.send(stream, None, (), block)
 
     def stream_closed(self, stream: _GrpcStream, reset: bool) -> None:

@@ -20,7 +20,8 @@ from ..core.model_config import model_config_json
 from ..errors import GtServeError, InvalidArgument, MethodNotAllowed, NotFound, NotReady, Unauthenticated
 from ..tls import TlsFiles, server_context
 from . import http_infer
-from .http_server import HttpServer, Request, Response, json_error
+from .http_messages import Request, Response, json_error
+from .http_server import HttpServer
 from .status import http_headers, http_status
 from .tracing import RequestTracer
 

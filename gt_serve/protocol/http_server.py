@@ -13,6 +13,8 @@ line and headers must arrive within `header_timeout_s` of its first byte (of the
 connection's first request) and its body within `body_timeout_s` of the end of the headers, else 408
 and close; a connection idle longer than `idle_timeout_s` between requests is closed. Writes are back-pressured: while
 the transport's write buffer is above its high-water mark the connection stops reading.
+`Request`, `Response` and the response head's encoding are in `http_messages.py`; the parser callbacks
+that build a `Request`, with the head and body limits, in `http_parsing.py` (mixed into the connection).
 """
 from __future__ import annotations
 
@@ -20,24 +22,17 @@ import asyncio
 import collections
 import logging
 import ssl
-from http import HTTPStatus
 from typing import Awaitable, Callable
-from urllib.parse import unquote
 
 import httptools
-import orjson
+
+from .http_messages import Request, Response, json_error, part_nbytes, response_bytes, response_head
+from .http_parsing import CONTINUE, PHASE_HEAD, PHASE_IDLE, RequestParsing
 
 _log = logging.getLogger(__name__)
 
-_MAX_HEAD_BYTES = 64 * 1024  # request line + headers
 _MAX_PIPELINE = 32  # queued requests per connection before reading pauses
 _WRITE_HIGH_WATER_BYTES = 256 * 1024
-_BUFFER_BODY_BYTES = 1 << 20  # a body this large is collected in one growing bytearray (no join copy)
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
-
-# where a connection is in reading a request (for its timeouts)
-_IDLE, _HEAD, _BODY = 0, 1, 2
 
 # reasons for pausing the transport's reading (a bit mask)
 _PAUSE_WRITE = 1
@@ -45,53 +40,10 @@ _PAUSE_PIPELINE = 2
 _PAUSE_DONE = 4
 
 
-class Request:
-    __slots__ = ("method", "path", "query_string", "headers", "body", "keep_alive", "http_version")
-
-    def __init__(self, method: str, path: str, query_string: str, headers: dict[str, str], body: bytes,
-                 keep_alive: bool = True, http_version: str = "1.1") -> None:
-        self.method = method
-        self.path = path
-        self.query_string = query_string
-        self.headers = headers  # lower-cased names; repeated headers joined with ", "
-        self.body = body  # bytes, or a bytearray for a body of _BUFFER_BODY_BYTES or more
-        self.keep_alive = keep_alive
-        self.http_version = http_version
-
-    def __repr__(self) -> str:
-        return f"Request({self.method} {self.path}, {len(self.body)} body bytes)"
-
-
-class Response:
-    """`body` is bytes-like, or a list of bytes-like parts written back to back (no join)."""
-
-    __slots__ = ("status", "body", "headers")
-
-    def __init__(self, status: int = 200, body=b"", headers: dict[str, str] | None = None) -> None:
-        self.status = status
-        self.body = body
-        self.headers = headers
-
-
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    hdrs = {"Content-Type": "application/json"}
-    if headers:
-        hdrs.update(headers)
-    return Response(status, orjson.dumps({"error": message}), hdrs)
-
-
-class _StopParsing(Exception):
-    """Raised inside a parser callback once a final error response has been queued."""
-
-
-def _nbytes(part) -> int:
-    return part.nbytes if isinstance(part, memoryview) else len(part)
-
-
-class _Connection(asyncio.Protocol):
+class _Connection(RequestParsing, asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self._server = server
         self._loop = server._loop
@@ -107,7 +59,7 @@ class _Connection(asyncio.Protocol):
         self._done = False  # no more requests will be read (error, close, shutdown)
         self._in_message = False
         self._continue_pending = False
-        self._phase = _HEAD  # the first request's head is due header_timeout_s after the accept
+        self._phase = PHASE_HEAD  # the first request's head is due header_timeout_s after the accept
         self._phase_deadline_s = 0.0
         self._last_activity_s = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -126,7 +78,7 @@ class _Connection(asyncio.Protocol):
         if len(server._connections) >= server._max_connections or server._closing:
             self._rejected = True
             self._done = True
-            transport.write(_encode(json_error(503, "too many connections"), False, "1.1"))
+            transport.write(response_bytes(json_error(503, "too many connections"), False, "1.1"))
             transport.close()
             return
         self._transport = transport
@@ -177,96 +129,6 @@ class _Connection(asyncio.Protocol):
         fut = self._drain_waiter
         if fut is not None and not fut.done():
             fut.set_result(None)
-
-    # ---- httptools callbacks ----
-    def on_message_begin(self) -> None:
-        if self._phase == _IDLE:
-            self._phase = _HEAD
-            self._phase_deadline_s = self._loop.time() + self._server._header_timeout_s
-        self._in_message = True
-        self._url = b""
-        self._headers = {}
-        self._head_bytes = 0
-        self._body = []
-        self._body_buffer = None
-        self._body_bytes = 0
-
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-        self._head_bytes += len(url)
-        if self._head_bytes > _MAX_HEAD_BYTES:
-            self._fail(414, "request URL too long")
-            raise _StopParsing
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_bytes += len(name) + len(value)
-        if self._head_bytes > _MAX_HEAD_BYTES:
-            self._fail(431, "request headers too large")
-            raise _StopParsing
-        key = name.decode("latin-1").lower()
-        val = value.decode("latin-1")
-        old = self._headers.get(key)
-        self._headers[key] = val if old is None else f"{old}, {val}"
-
-    def on_headers_complete(self) -> None:
-        self._phase = _BODY
-        self._phase_deadline_s = self._loop.time() + self._server._body_timeout_s
-        headers = self._headers
-        length = headers.get("content-length")
-        limit = self._server._max_body_bytes
-        if length is not None and length.isdigit() and int(length) > limit:
-            self._fail(413, f"request body of {int(length)} bytes exceeds the limit of {limit} bytes")
-            raise _StopParsing
-        expect = headers.get("expect")
-        if expect is not None:
-            if expect.lower() != "100-continue":
-                self._fail(417, f"unsupported Expect: {expect}")
-                raise _StopParsing
-            if self._parser.get_http_version() == "1.1":
-                if not self._busy and not self._queue:
-                    self._transport.write(_CONTINUE)
-                else:
-                    self._continue_pending = True
-
-    def on_body(self, body: bytes) -> None:
-        self._body_bytes += len(body)
-        if self._body_bytes > self._server._max_body_bytes:
-            limit = self._server._max_body_bytes
-            self._fail(413, f"request body exceeds the limit of {limit} bytes")
-            raise _StopParsing
-        if self._body_buffer is not None:
-            self._body_buffer += body
-        elif self._body_bytes >= _BUFFER_BODY_BYTES:
-            self._body_buffer = bytearray().join(self._body)
-            self._body_buffer += body
-            self._body = []
-        else:
-            self._body.append(body)
-
-    def on_message_complete(self) -> None:
-        self._phase = _IDLE
-        self._in_message = False
-        self._continue_pending = False
-        parser = self._parser
-        path, _, query = self._url.partition(b"?")
-        path_s = path.decode("latin-1")
-        if "%" in path_s:
-            path_s = unquote(path_s)
-        body = self._body
-        if self._body_buffer is not None:
-            payload = self._body_buffer
-        else:
-            payload = body[0] if len(body) == 1 else b"".join(body)
-        keep_alive = parser.should_keep_alive() and not self._server._closing
-        req = Request(
-            parser.get_method().decode("ascii"), path_s, query.decode("latin-1"), self._headers,
-            payload, keep_alive, parser.get_http_version(),
-        )
-        self._body = []
-        self._body_buffer = None
-        self._enqueue(req)
-        if not keep_alive:
-            self._finish_reading()
 
     # ---- request queue and worker ----
     def _enqueue(self, item) -> None:
@@ -326,7 +188,7 @@ class _Connection(asyncio.Protocol):
                     break
                 if self._continue_pending and not queue:
                     self._continue_pending = False
-                    self._transport.write(_CONTINUE)
+                    self._transport.write(CONTINUE)
                 if self._paused & _PAUSE_WRITE:
                     self._drain_waiter = self._loop.create_future()
                     await self._drain_waiter
@@ -344,8 +206,8 @@ class _Connection(asyncio.Protocol):
             return
         body = resp.body
         parts = body if isinstance(body, list) else [body]
-        length = sum(map(_nbytes, parts))
-        head = _head(resp.status, resp.headers, keep_alive, version, length)
+        length = sum(map(part_nbytes, parts))
+        head = response_head(resp.status, resp.headers, keep_alive, version, length)
         if head_only or not length:
             transport.write(head)
         elif length <= 65536:
@@ -374,7 +236,7 @@ class _Connection(asyncio.Protocol):
         step = server._check_interval_s
         if self._busy or self._queue:
             deadline = now + step
-        elif self._phase == _IDLE:
+        elif self._phase == PHASE_IDLE:
             deadline = self._last_activity_s + server._idle_timeout_s
             if now >= deadline:
                 self._transport.close()
@@ -384,8 +246,8 @@ class _Connection(asyncio.Protocol):
         else:
             deadline = self._phase_deadline_s
             if now >= deadline:
-                self._fail(408, f"request {'headers' if self._phase == _HEAD else 'body'} not received within "
-                                f"{server._header_timeout_s if self._phase == _HEAD else server._body_timeout_s:g} s")
+                self._fail(408, f"request {'headers' if self._phase == PHASE_HEAD else 'body'} not received within "
+                                f"{server._header_timeout_s if self._phase == PHASE_HEAD else server._body_timeout_s:g} s")
                 return
             deadline = min(deadline, now + step)
         self._timer = self._loop.call_at(deadline, self._check_timeout)
@@ -403,24 +265,6 @@ class _Connection(asyncio.Protocol):
     def abort(self) -> None:
         if self._transport is not None:
             self._transport.abort()
-
-
-def _head(status: int, headers: dict[str, str] | None, keep_alive: bool, version: str, length: int) -> bytes:
-    """Status line and headers, with Content-Length and the Connection header when needed."""
-    line = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n".encode()
-    parts = [f"{k}: {v}\r\n" for k, v in headers.items()] if headers else []
-    parts.append(f"Content-Length: {length}\r\n")
-    if not keep_alive:
-        parts.append("Connection: close\r\n")
-    elif version == "1.0":
-        parts.append("Connection: keep-alive\r\n")
-    parts.append("\r\n")
-    return line + "".join(parts).encode("latin-1")
-
-
-def _encode(resp: Response, keep_alive: bool, version: str) -> bytes:
-    """A whole response with a bytes-like body."""
-    return _head(resp.status, resp.headers, keep_alive, version, _nbytes(resp.body)) + bytes(resp.body)
 
 
 class HttpServer:

@@ -24,7 +24,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from ..tls import TlsFiles, server_context
-from .http_server import HttpServer, Request, Response, json_error
+from .http_messages import Request, Response, json_error
+from .http_server import HttpServer
 from .status_page import STATUS_HTML
 
 

@@ -16,7 +16,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from gt_serve.testing import model_builders as mb
-from gt_serve.protocol.grpc_native import PREFACE, parse_timeout as _parse_timeout
+from gt_serve.protocol.grpc_headers import parse_timeout
+from gt_serve.protocol.grpc_native import PREFACE
 from tests.conftest import start_server
 
 TIMEOUT_S = 60.0
@@ -161,11 +162,11 @@ def test_ping_is_answered(native):
 
 
 def test_grpc_timeout_header():
-    assert _parse_timeout("2S") == 2.0
-    assert _parse_timeout("100m") == pytest.approx(0.1)
-    assert _parse_timeout("5u") == pytest.approx(5e-6)
-    assert _parse_timeout("1H") == 3600.0
-    assert _parse_timeout("x") is None and _parse_timeout("10") is None
+    assert parse_timeout("2S") == 2.0
+    assert parse_timeout("100m") == pytest.approx(0.1)
+    assert parse_timeout("5u") == pytest.approx(5e-6)
+    assert parse_timeout("1H") == 3600.0
+    assert parse_timeout("x") is None and parse_timeout("10") is None
 
 
 def _waits_input():

@@ -1,6 +1,6 @@
 import pytest
 
-from gt_serve.config import load_config, parse_config
+from gt_serve.config_layers import load_config, parse_config
 from gt_serve.errors import ConfigError
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gt_serve.config import load_config
+from gt_serve.config_layers import load_config
 from gt_serve.errors import ConfigError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "edge_configs").glob("*.yaml"))

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gt_serve.edge import messages as m
-from gt_serve.edge.messages import (
-    Caps, Device, ForeignMessage, Lane, MessageError, Status, Telemetry, UnsupportedVersion)
+from gt_serve.edge.message_fields import MAX_EXTRA_DEPTH, MessageError
+from gt_serve.edge.messages import Caps, Device, ForeignMessage, Lane, Status, Telemetry, UnsupportedVersion
 
 CLUSTER = "lab"
 
@@ -108,7 +108,7 @@ def test_bounds_on_counts_and_values() -> None:
     with pytest.raises(MessageError):
         m.decode(m.topic(CLUSTER, "n1", "caps"), json.dumps(obj).encode(), CLUSTER)
     deep: object = 1
-    for _ in range(m.MAX_EXTRA_DEPTH + 2):
+    for _ in range(MAX_EXTRA_DEPTH + 2):
         deep = {"x": deep}
     obj = {**json.loads(m.encode(caps())), "power_profile": deep}
     with pytest.raises(MessageError):

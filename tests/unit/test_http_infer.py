@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from gt_serve.errors import InvalidArgument, Unavailable
 from gt_serve.protocol import http_infer
 from gt_serve.protocol.http import HttpFrontEnd
-from gt_serve.protocol.http_server import Request
+from gt_serve.protocol.http_messages import Request
 from gt_serve.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 DTYPES = {"INT8": np.int8, "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8, "UINT64": np.uint64,

@@ -7,7 +7,8 @@ import json
 import pytest
 import pytest_asyncio
 
-from gt_serve.protocol.http_server import HttpServer, Response
+from gt_serve.protocol.http_messages import Response
+from gt_serve.protocol.http_server import HttpServer
 
 WAIT_S = 10.0  # upper bound on any single wait; tests synchronise on events, never on sleeps
 

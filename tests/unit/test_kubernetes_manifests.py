@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from gt_serve.cli import build_parser
-from gt_serve.config import ServerConfig, load_config
+from gt_serve.config import ServerConfig
+from gt_serve.config_layers import load_config
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 

@@ -1,5 +1,6 @@
 """The model-memory budget's policy (core/memory_budget.py): which models are evicted, per device."""
-from gt_serve.config import ConfigError, parse_config
+from gt_serve.config import ConfigError
+from gt_serve.config_layers import parse_config
 from gt_serve.core.memory_budget import (
     Candidate,
     MemoryBook,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from gt_serve.config import parse_config
+from gt_serve.config_layers import parse_config
 from gt_serve.core.pipeline import Pipeline, PipelineSet, StageInfo
 from gt_serve.errors import ConfigError, InvalidArgument, ModelNotFound, PeerUnavailable, Unavailable
 from gt_serve.types import InferRequest, InferResponse, RequestedOutput, Tensor

@@ -10,7 +10,7 @@ import yaml
 
 from gt_serve.testing import model_builders as mb
 from gt_serve.tools import shard
-from gt_serve.config import parse_config
+from gt_serve.config_layers import parse_config
 from gt_serve.core.model_config import parse_pbtxt
 
 

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from gt_serve.cli import _trace_setting, build_parser, _trace_overrides
-from gt_serve.config import load_config
+from gt_serve.config_layers import load_config
 from gt_serve.core.trace_context import (CURRENT_TRACE, RequestTrace, clean_tracestate, format_traceparent,
                                          parse_traceparent)
 from gt_serve.errors import ConfigError, InvalidArgument, Unsupported

@@ -6,6 +6,7 @@ timeouts, back-pressure) and answers every violation as the RFC asks: a connecti
 GOAWAY with its code and closes, a stream error sends RST_STREAM. The layer above subclasses it
 and implements four hooks (`new_stream`, `stream_opened`, `stream_data`, `stream_ended`,
 `stream_closed`); it sends with `send` and accounts what it buffers with `hold` / `release`.
+The control-frame handlers are mixed in from `control.py`, the sending half from `output.py`.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import asyncio
 import logging
 from collections import deque
 
-from .control import ControlFrames
+from .control import ControlFrames, ControlHandlers
 from .flow import FlowState, ReceiveFlow
 from .frames import (
     ACK,
@@ -23,14 +24,11 @@ from .frames import (
     END_HEADERS,
     END_STREAM,
     ENHANCE_YOUR_CALM,
-    FLOW_CONTROL_ERROR,
     FRAME_SIZE_ERROR,
     HEADERS,
     INTERNAL_ERROR,
-    MAX_WINDOW,
     NO_ERROR,
     PADDED,
-    PING,
     PREFACE,
     PRIORITY_FLAG,
     PROTOCOL_ERROR,
@@ -72,7 +70,7 @@ class H2Stream(FlowState):
         self.done = False  # the response is complete (or the stream was dropped): nothing more to send
 
 
-class H2Connection(StreamOutput, asyncio.Protocol):
+class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
     """`server` provides `loop`, `limits` (H2Limits) and `connections` (a set this joins)."""
 
     def __init__(self, server) -> None:
@@ -315,87 +313,6 @@ class H2Connection(StreamOutput, asyncio.Protocol):
         if stream.remote_closed and self.streams.get(sid) is stream:
             self.stream_ended(stream)
 
-    def _on_priority(self, flags: int, sid: int, payload: bytes) -> None:
-        if sid == 0:
-            raise H2ConnectionError(PROTOCOL_ERROR, "PRIORITY on stream 0")
-        if len(payload) != 5:
-            raise H2ConnectionError(FRAME_SIZE_ERROR, "PRIORITY length")
-        self._control.frame(self._loop.time())
-
-    def _on_rst_stream(self, flags: int, sid: int, payload: bytes) -> None:
-        if sid == 0 or sid > self._last_sid:
-            raise H2ConnectionError(PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
-        if len(payload) != 4:
-            raise H2ConnectionError(FRAME_SIZE_ERROR, "RST_STREAM length")
-        self._control.reset(self._loop.time())
-        stream = self.streams.get(sid)
-        if stream is not None:
-            self._drop(stream)
-
-    def _on_settings(self, flags: int, sid: int, payload: bytes) -> None:
-        if sid:
-            raise H2ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & ACK:
-            if payload:
-                raise H2ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
-            return self._control.earned(self._loop.time())
-        window = self._control.settings(self._loop.time(), payload, self)
-        if window is not None and window != self._peer_window:
-            delta = window - self._peer_window
-            self._peer_window = window
-            for stream in self.streams.values():  # once per frame, however many entries it had
-                stream.send_window += delta
-                if stream.send_window > MAX_WINDOW:
-                    raise H2ConnectionError(FLOW_CONTROL_ERROR, "stream window overflow")
-        self._write(frame(SETTINGS, ACK, 0))
-        self._flush_blocked()
-
-    def set_peer_max_frame(self, value: int) -> None:
-        self._peer_max_frame = value
-
-    def _on_push_promise(self, flags: int, sid: int, payload: bytes) -> None:
-        raise H2ConnectionError(PROTOCOL_ERROR, "clients cannot push")
-
-    def _on_ping(self, flags: int, sid: int, payload: bytes) -> None:
-        if sid:
-            raise H2ConnectionError(PROTOCOL_ERROR, "PING on a stream")
-        if len(payload) != 8:
-            raise H2ConnectionError(FRAME_SIZE_ERROR, "PING length")
-        self._control.earned(self._loop.time())
-        if not flags & ACK:
-            self._write(frame(PING, ACK, 0, payload))
-
-    def _on_goaway(self, flags: int, sid: int, payload: bytes) -> None:
-        if sid:
-            raise H2ConnectionError(PROTOCOL_ERROR, "GOAWAY on a stream")
-        self._control.frame(self._loop.time())
-        if not self.streams and self._transport is not None:
-            self._transport.close()
-
-    def _on_window_update(self, flags: int, sid: int, payload: bytes) -> None:
-        if len(payload) != 4:
-            raise H2ConnectionError(FRAME_SIZE_ERROR, "WINDOW_UPDATE length")
-        self._control.earned(self._loop.time())
-        increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
-        if sid == 0:
-            if increment == 0:
-                raise H2ConnectionError(PROTOCOL_ERROR, "connection WINDOW_UPDATE of 0")
-            self._conn_send_window += increment
-            if self._conn_send_window > MAX_WINDOW:
-                raise H2ConnectionError(FLOW_CONTROL_ERROR, "connection window overflow")
-            return self._flush_blocked()
-        stream = self.streams.get(sid)
-        if stream is None:
-            if sid > self._last_sid:
-                raise H2ConnectionError(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
-            return
-        if increment == 0:
-            raise H2StreamError(PROTOCOL_ERROR, "stream WINDOW_UPDATE of 0")
-        stream.send_window += increment
-        if stream.send_window > MAX_WINDOW:
-            raise H2StreamError(FLOW_CONTROL_ERROR, "stream window overflow")
-        self._flush_stream(stream)
-
     # ---- for the layer above ----
     def hold(self, stream: H2Stream, size: int) -> None:
         """`size` bytes of `stream`'s DATA are kept until handed to a handler (see `release`)."""
@@ -403,24 +320,6 @@ class H2Connection(StreamOutput, asyncio.Protocol):
 
     def release(self, stream: H2Stream, size: int) -> None:
         self._flow.consumed(stream, size)
-
-    def reset_stream(self, sid: int, code: int) -> None:
-        """RST_STREAM `code` on `sid`; the stream (if open) is dropped."""
-        self._control.reset(self._loop.time())
-        self._write(rst_stream(sid, code))
-        self._remember_reset(sid)
-        stream = self.streams.get(sid)
-        if stream is not None:
-            self._drop(stream)
-
-    def goaway(self) -> None:
-        """Graceful stop: no new streams; close when the open ones are done."""
-        if self._transport is None or self._goaway_sent:
-            return
-        self._goaway_sent = True
-        self._write(goaway(self._last_sid, NO_ERROR))
-        if not self.streams:
-            self._transport.close()
 
     def abort(self) -> None:
         if self._transport is not None:

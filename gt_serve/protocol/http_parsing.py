@@ -1,0 +1,119 @@
+"""The request-parsing half of `http_server._Connection`: the httptools callbacks that build a `Request`.
+
+They enforce the limits on a request's head (`_MAX_HEAD_BYTES`, 414 / 431) and body (the server's
+`max_body_bytes`, 413), answer `Expect: 100-continue`, collect the body (a large one in one growing
+bytearray) and move the connection through its reading phases, which the connection's timeouts
+follow. Their own module so that `http_server.py` holds the connection's queue, worker, writes, flow
+control and timeouts, and the server; the methods are mixed into the connection (as `h2/output.py`
+is into the HTTP/2 one), so httptools calls them directly, at no cost per request.
+"""
+from __future__ import annotations
+
+from urllib.parse import unquote
+
+from .http_messages import Request
+
+_MAX_HEAD_BYTES = 64 * 1024  # request line + headers
+_BUFFER_BODY_BYTES = 1 << 20  # a body this large is collected in one growing bytearray (no join copy)
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+# where a connection is in reading a request (for its timeouts)
+PHASE_IDLE, PHASE_HEAD, PHASE_BODY = 0, 1, 2
+
+
+class _StopParsing(Exception):
+    """Raised inside a parser callback once a final error response has been queued."""
+
+
+class RequestParsing:
+    """Mixed into http_server._Connection, whose state it uses (parser, transport, server, the request
+    being parsed) and whose `_fail`, `_enqueue` and `_finish_reading` it calls."""
+
+    def on_message_begin(self) -> None:
+        if self._phase == PHASE_IDLE:
+            self._phase = PHASE_HEAD
+            self._phase_deadline_s = self._loop.time() + self._server._header_timeout_s
+        self._in_message = True
+        self._url = b""
+        self._headers = {}
+        self._head_bytes = 0
+        self._body = []
+        self._body_buffer = None
+        self._body_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._head_bytes += len(url)
+        if self._head_bytes > _MAX_HEAD_BYTES:
+            self._fail(414, "request URL too long")
+            raise _StopParsing
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > _MAX_HEAD_BYTES:
+            self._fail(431, "request headers too large")
+            raise _StopParsing
+        key = name.decode("latin-1").lower()
+        val = value.decode("latin-1")
+        old = self._headers.get(key)
+        self._headers[key] = val if old is None else f"{old}, {val}"
+
+    def on_headers_complete(self) -> None:
+        self._phase = PHASE_BODY
+        self._phase_deadline_s = self._loop.time() + self._server._body_timeout_s
+        headers = self._headers
+        length = headers.get("content-length")
+        limit = self._server._max_body_bytes
+        if length is not None and length.isdigit() and int(length) > limit:
+            self._fail(413, f"request body of {int(length)} bytes exceeds the limit of {limit} bytes")
+            raise _StopParsing
+        expect = headers.get("expect")
+        if expect is not None:
+            if expect.lower() != "100-continue":
+                self._fail(417, f"unsupported Expect: {expect}")
+                raise _StopParsing
+            if self._parser.get_http_version() == "1.1":
+                if not self._busy and not self._queue:
+                    self._transport.write(CONTINUE)
+                else:
+                    self._continue_pending = True
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self._server._max_body_bytes:
+            limit = self._server._max_body_bytes
+            self._fail(413, f"request body exceeds the limit of {limit} bytes")
+            raise _StopParsing
+        if self._body_buffer is not None:
+            self._body_buffer += body
+        elif self._body_bytes >= _BUFFER_BODY_BYTES:
+            self._body_buffer = bytearray().join(self._body)
+            self._body_buffer += body
+            self._body = []
+        else:
+            self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._phase = PHASE_IDLE
+        self._in_message = False
+        self._continue_pending = False
+        parser = self._parser
+        path, _, query = self._url.partition(b"?")
+        path_s = path.decode("latin-1")
+        if "%" in path_s:
+            path_s = unquote(path_s)
+        body = self._body
+        if self._body_buffer is not None:
+            payload = self._body_buffer
+        else:
+            payload = body[0] if len(body) == 1 else b"".join(body)
+        keep_alive = parser.should_keep_alive() and not self._server._closing
+        req = Request(
+            parser.get_method().decode("ascii"), path_s, query.decode("latin-1"), self._headers,
+            payload, keep_alive, parser.get_http_version(),
+        )
+        self._body = []
+        self._body_buffer = None
+        self._enqueue(req)
+        if not keep_alive:
+            self._finish_reading()
