@@ -115,7 +115,13 @@ class OnnxRunner:
         names = output_names or self.output_names
         if self._in_reshape:
             feeds = {n: self._reshaped(a, self._in_reshape[n]) if n in self._in_reshape else a for n, a in feeds.items()}
-        outputs = self._run(names, feeds, self._run_options)
+        try:
+            outputs = self._run(names, feeds, self._run_options)
+        except Exception as exc:
+            if self.requested_device == "gpu" and is_out_of_memory(exc):  # the arena could not grow on the device
+                raise DeviceOutOfMemory(f"gpu:{self.device_id}", _model_name(self.model_path),
+                                        f"onnxruntime could not allocate a run's memory: {exc}") from exc
+            raise
         if self._out_reshape:
             outputs = [self._reshaped(o, self._out_reshape[n]) if n in self._out_reshape else o
                        for n, o in zip(names, outputs)]

@@ -20,7 +20,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..datatypes import array_from_raw, element_count, numpy_dtype
-from ..errors import ConfigError, GtServeError, InvalidArgument
+from ..errors import ConfigError, DeviceOutOfMemory, GtServeError, InvalidArgument
 from .repository_paths import confine, shown
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,8 @@ def run_warmup(model: str, version: str, samples: tuple[WarmupSample, ...], lane
             for _ in range(sample.count):
                 try:
                     runner.run(feeds, output_names)
+                except DeviceOutOfMemory:  # as it is: the host may spill the model to the CPU lanes (core/spill.py)
+                    raise
                 except Exception as exc:  # noqa: BLE001 - the load fails with the cause
                     raise InvalidArgument(f"model '{model}': model_warmup '{shown(sample.name)}' failed on lane "
                                           f"{lane_id}: {type(exc).__name__}: {exc}") from None

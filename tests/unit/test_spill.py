@@ -44,8 +44,8 @@ class FakeGpu:
     """Sessions for "gpu:*" devices: DeviceOutOfMemory when `oom`, else a CPU session that takes
     `session_bytes` of the fake device's used bytes until it is closed. `events` records opens and closes."""
 
-    def __init__(self, *, oom: bool = False, session_bytes: int = 0) -> None:
-        self.oom, self.session_bytes = oom, session_bytes
+    def __init__(self, *, oom: bool = False, session_bytes: int = 0, oom_on_run: bool = False) -> None:
+        self.oom, self.session_bytes, self.oom_on_run = oom, session_bytes, oom_on_run  # oom_on_run: the arena
         self.used = 100 * MB
         self.events: list[tuple[str, str]] = []
 
@@ -69,6 +69,13 @@ class TrackedRunner:
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
+
+    def run(self, feeds, output_names=None):
+        if self._device.startswith("gpu") and self._gpu.oom_on_run:
+            self._gpu.events.append(("oom on run", self._device))
+            raise DeviceOutOfMemory(self._device, "m", "onnxruntime could not allocate a run's memory: "
+                                                       "Failed to allocate memory for requested buffer")
+        return self._inner.run(feeds, output_names)
 
     def close(self) -> None:
         self._gpu.events.append(("close", self._device))
@@ -310,3 +317,41 @@ def test_real_gpu_lane_over_a_one_byte_budget_spills_to_the_cpu(tmp_path):
         for lane in lanes:
             lane.stop()
     asyncio.run(main())
+
+
+def test_out_of_memory_during_the_gpu_warmup_spills_too(tmp_path):
+    """The session fits but its first runs cannot grow the arena on the device: the warm-up's DeviceOutOfMemory
+    is not wrapped (core/warmup.py), so the host spills as for a session that does not fit."""
+    async def main():
+        gpu = FakeGpu(oom_on_run=True)
+        s = await serve(tmp_path, gpu, config=WARMUP)
+        await s.registry.load("m")
+        assert gpu.events == [("open", "gpu:0"), ("oom on run", "gpu:0"), ("close", "gpu:0"), ("open", "cpu")]
+        stats = (await s.plane.statistics("m"))["model_stats"][0]
+        assert stats["spilled"]["from"] == "gpu:0" and "run's memory" in stats["spilled"]["reason"]
+        assert stats["warmup"]["count"] == 3  # the CPU lane's warm-up runs
+        np.testing.assert_allclose(await infer_scaled(s.plane), np.arange(8).reshape(2, 4) * 2)
+        await s.close()
+    asyncio.run(main())
+
+
+def test_a_runs_out_of_memory_text_on_a_gpu_session_is_typed(tmp_path):
+    """OnnxRunner.run maps onnxruntime's allocation failure to DeviceOutOfMemory on a GPU session only."""
+    path = tmp_path / "m.onnx"
+    mb.scale(path, factor=2)
+
+    def arena_full(*args):
+        raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory for requested buffer")
+
+    x = {"INPUT": np.zeros((1, 4), np.float32)}
+    on_cpu = OnnxRunner(str(path))
+    on_cpu._run = arena_full
+    with pytest.raises(RuntimeError):
+        on_cpu.run(x)
+    on_gpu = OnnxRunner(str(path))
+    on_gpu.requested_device, on_gpu.device_id = "gpu", 1  # as a GPU lane's runner (no GPU here)
+    on_gpu._run = arena_full
+    with pytest.raises(DeviceOutOfMemory) as caught:
+        on_gpu.run(x)
+    assert caught.value.device == "gpu:1" and "Failed to allocate" in caught.value.message
+
