@@ -118,14 +118,19 @@ class OnnxRunner:
         try:
             outputs = self._run(names, feeds, self._run_options)
         except Exception as exc:
-            if self.requested_device == "gpu" and is_out_of_memory(exc):  # the arena could not grow on the device
-                raise DeviceOutOfMemory(f"gpu:{self.device_id}", _model_name(self.model_path),
-                                        f"onnxruntime could not allocate a run's memory: {exc}") from exc
+            self._raise_if_out_of_memory(exc)
             raise
         if self._out_reshape:
             outputs = [self._reshaped(o, self._out_reshape[n]) if n in self._out_reshape else o
                        for n, o in zip(names, outputs)]
         return outputs
+
+    def _raise_if_out_of_memory(self, exc: Exception) -> None:
+        """A GPU session's run that could not grow its arena on the device: DeviceOutOfMemory (RESOURCE_EXHAUSTED
+        naming the device; in the warm-up, the spill path's cue)."""
+        if self.requested_device == "gpu" and is_out_of_memory(exc):
+            raise DeviceOutOfMemory(f"gpu:{self.device_id}", _model_name(self.model_path),
+                                    f"onnxruntime could not allocate a run's memory: {exc}") from exc
 
     def _reshaped(self, array: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:
         """Triton's reshape: keep the batch dim (batching models), reshape the rest to `dims`."""
@@ -141,12 +146,17 @@ class OnnxRunner:
         names = output_names or self.output_names
         try:
             return self._bind_and_run(inputs, names, empty, preallocate=True)
-        except Exception:
+        except Exception as exc:
+            self._raise_if_out_of_memory(exc)
             if not any(name in self._preallocatable for name in names):
                 raise
         # perhaps the graph did not keep dim 0 as the batch after all: let onnxruntime size the
         # outputs; if that works, from now on; if the run still fails, the error is the request's
-        results = self._bind_and_run(inputs, names, empty, preallocate=False)
+        try:
+            results = self._bind_and_run(inputs, names, empty, preallocate=False)
+        except Exception as exc:
+            self._raise_if_out_of_memory(exc)
+            raise
         for name in names:
             self._preallocatable.pop(name, None)
         return results

@@ -354,4 +354,7 @@ def test_a_runs_out_of_memory_text_on_a_gpu_session_is_typed(tmp_path):
     with pytest.raises(DeviceOutOfMemory) as caught:
         on_gpu.run(x)
     assert caught.value.device == "gpu:1" and "Failed to allocate" in caught.value.message
+    on_gpu._bind_and_run = lambda *args, **kwargs: arena_full()  # the IO-binding path (lanes.io_binding)
+    with pytest.raises(DeviceOutOfMemory):
+        on_gpu.run_bound(x, None, np.empty)
 
