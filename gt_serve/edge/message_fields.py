@@ -32,44 +32,44 @@ JsonValue = Union[None, bool, int, float, str, list, dict]
 _MISSING = object()
 
 
-def _finite_float(text: str) -> float:
+def finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
         raise ValueError(f"non-finite number {text[:32]}")
     return value
 
 
-def _no_constant(text: str) -> float:
+def no_constant(text: str) -> float:
     raise ValueError(f"non-finite constant {text}")
 
 
-def _obj(value: object, where: str) -> dict:
+def obj_field(value: object, where: str) -> dict:
     if not isinstance(value, dict):
         raise MessageError(f"{where} must be a JSON object")
     return value
 
 
-def _name(value: object, where: str) -> str:
+def name_field(value: object, where: str) -> str:
     if not isinstance(value, str) or not _NAME_PATTERN.fullmatch(value):
         raise MessageError(f"{where} must match {_NAME_PATTERN.pattern}")
     return value
 
 
-def _text(value: object, where: str, max_chars: int) -> str:
+def text_field(value: object, where: str, max_chars: int) -> str:
     if not isinstance(value, str) or not value or len(value) > max_chars:
         raise MessageError(f"{where} must be a non-empty string of at most {max_chars} chars")
     return value
 
 
-def _endpoint(value: object, where: str) -> str:
-    text = _text(value, where, MAX_TEXT_CHARS)
+def endpoint_field(value: object, where: str) -> str:
+    text = text_field(value, where, MAX_TEXT_CHARS)
     host, sep, port = text.rpartition(":")
     if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise MessageError(f"{where} must be 'host:port'")
     return text
 
 
-def _int(obj: dict, key: str, where: str, default: object = _MISSING) -> int:
+def int_field(obj: dict, key: str, where: str, default: object = _MISSING) -> int:
     value = obj.get(key, default)
     if value is _MISSING:
         raise MessageError(f"{where}.{key} is required")
@@ -78,7 +78,7 @@ def _int(obj: dict, key: str, where: str, default: object = _MISSING) -> int:
     return value
 
 
-def _num(obj: dict, key: str, where: str, default: object = _MISSING) -> float:
+def num_field(obj: dict, key: str, where: str, default: object = _MISSING) -> float:
     value = obj.get(key, default)
     if value is _MISSING:
         raise MessageError(f"{where}.{key} is required")
@@ -87,22 +87,22 @@ def _num(obj: dict, key: str, where: str, default: object = _MISSING) -> float:
     return float(value)
 
 
-def _list(obj: dict, key: str, where: str, max_items: int) -> list:
+def list_field(obj: dict, key: str, where: str, max_items: int) -> list:
     value = obj.get(key, [])
     if not isinstance(value, list) or len(value) > max_items:
         raise MessageError(f"{where}.{key} must be a list of at most {max_items} items")
     return value
 
 
-def _num_map(obj: dict, key: str, where: str) -> dict[str, float]:
-    value = _obj(obj.get(key, {}), f"{where}.{key}")
+def num_map_field(obj: dict, key: str, where: str) -> dict[str, float]:
+    value = obj_field(obj.get(key, {}), f"{where}.{key}")
     if len(value) > MAX_MAP_ITEMS:
         raise MessageError(f"{where}.{key} has more than {MAX_MAP_ITEMS} entries")
-    return {_text(k, f"{where}.{key} key", MAX_NAME_CHARS * 2): _num(value, k, f"{where}.{key}")
+    return {text_field(k, f"{where}.{key} key", MAX_NAME_CHARS * 2): num_field(value, k, f"{where}.{key}")
             for k in value}
 
 
-def _extra(value: object, where: str, depth: int) -> JsonValue:
+def extra_field(value: object, where: str, depth: int) -> JsonValue:
     """A bounded free-form JSON value (device extras, power profile)."""
     if depth > MAX_EXTRA_DEPTH:
         raise MessageError(f"{where} is nested too deeply")
@@ -113,14 +113,14 @@ def _extra(value: object, where: str, depth: int) -> JsonValue:
             raise MessageError(f"{where} is out of range")
         return value
     if isinstance(value, str):
-        return _text(value, where, MAX_TEXT_CHARS) if value else value
+        return text_field(value, where, MAX_TEXT_CHARS) if value else value
     if isinstance(value, list):
         if len(value) > MAX_MAP_ITEMS:
             raise MessageError(f"{where} has too many items")
-        return [_extra(x, f"{where}[]", depth + 1) for x in value]
+        return [extra_field(x, f"{where}[]", depth + 1) for x in value]
     if isinstance(value, dict):
         if len(value) > MAX_MAP_ITEMS:
             raise MessageError(f"{where} has too many entries")
-        return {_text(k, f"{where} key", MAX_NAME_CHARS): _extra(v, f"{where}.{k}", depth + 1)
+        return {text_field(k, f"{where} key", MAX_NAME_CHARS): extra_field(v, f"{where}.{k}", depth + 1)
                 for k, v in value.items()}
     raise MessageError(f"{where} has an unsupported JSON type")

@@ -18,9 +18,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Union
 
-from gt_serve.edge.message_fields import (MAX_NAME_CHARS, JsonValue, MessageError, _endpoint, _extra,
-                                         _finite_float, _int, _list, _name, _no_constant, _num, _num_map, _obj,
-                                         _text)
+from gt_serve.edge.message_fields import (MAX_NAME_CHARS, JsonValue, MessageError, endpoint_field, extra_field,
+                                         finite_float, int_field, list_field, name_field, no_constant, num_field,
+                                         num_map_field, obj_field, text_field)
 
 SCHEMA_VERSION = 1
 TOPIC_PREFIX = "gt/v1"
@@ -98,8 +98,8 @@ Message = Union[Status, Caps, Telemetry]
 
 def topic(cluster: str, node: str, kind: str) -> str:
     """The topic a node publishes ``kind`` on."""
-    _name(cluster, "cluster")
-    _name(node, "node")
+    name_field(cluster, "cluster")
+    name_field(node, "node")
     if kind not in KINDS:
         raise MessageError(f"unknown message kind {kind!r}")
     return f"{TOPIC_PREFIX}/{cluster}/node/{node}/{kind}"
@@ -107,7 +107,7 @@ def topic(cluster: str, node: str, kind: str) -> str:
 
 def subscription(cluster: str) -> str:
     """The wildcard that receives every node's messages of ``cluster``."""
-    _name(cluster, "cluster")
+    name_field(cluster, "cluster")
     return f"{TOPIC_PREFIX}/{cluster}/node/+/#"
 
 
@@ -119,7 +119,7 @@ def parse_topic(topic_name: str, cluster: str) -> tuple[str, str]:
     if parts[2] != cluster:
         raise ForeignMessage(f"message of foreign cluster {parts[2][:64]!r}")
     node, kind = parts[4], parts[5]
-    _name(node, "topic node")
+    name_field(node, "topic node")
     if kind not in KINDS:
         raise MessageError(f"unknown message kind {kind[:64]!r}")
     return node, kind
@@ -190,7 +190,7 @@ def payload_bytes(payload: object) -> bytes:
 def parse_json(payload: object) -> object:
     """The JSON value of a received payload (finite numbers only), or MessageError."""
     try:
-        return json.loads(payload_bytes(payload), parse_float=_finite_float, parse_constant=_no_constant)
+        return json.loads(payload_bytes(payload), parse_float=finite_float, parse_constant=no_constant)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError included
         raise MessageError(f"payload is not valid JSON: {str(exc)[:120]}") from None
 
@@ -206,14 +206,14 @@ def decode_wire(topic_name: str, wire: object, cluster: str) -> Message:
 
 def from_wire(kind: str, wire: object) -> Message:
     """Validate a JSON object of ``kind`` and build its typed message."""
-    obj = _obj(wire, kind)
+    obj = obj_field(wire, kind)
     version = obj.get("v")
     if type(version) is not int:
         raise MessageError(f"{kind}: missing or non-integer schema version 'v'")
     if version != SCHEMA_VERSION:
         raise UnsupportedVersion(f"{kind}: unsupported schema version {version}")
-    node = _name(obj.get("node"), f"{kind}.node")
-    epoch = _int(obj, "epoch", kind)
+    node = name_field(obj.get("node"), f"{kind}.node")
+    epoch = int_field(obj, "epoch", kind)
     if kind == "status":
         return _status(obj, node, epoch)
     if kind == "caps":
@@ -246,20 +246,20 @@ def _status(obj: dict, node: str, epoch: int) -> Status:
     state = obj.get("state")
     if not isinstance(state, str) or state not in STATES:
         raise MessageError(f"status.state must be one of {sorted(STATES)}")
-    return Status(node=node, epoch=epoch, state=state, ts_s=_num(obj, "ts", "status"))
+    return Status(node=node, epoch=epoch, state=state, ts_s=num_field(obj, "ts", "status"))
 
 
 def _caps(obj: dict, node: str, epoch: int) -> Caps:
-    endpoints_raw = _obj(obj.get("endpoints", {}), "caps.endpoints")
+    endpoints_raw = obj_field(obj.get("endpoints", {}), "caps.endpoints")
     if len(endpoints_raw) > 16:
         raise MessageError("caps.endpoints has too many entries")
-    endpoints = {_name(k, "caps.endpoints key"): _endpoint(v, f"caps.endpoints.{k}")
+    endpoints = {name_field(k, "caps.endpoints key"): endpoint_field(v, f"caps.endpoints.{k}")
                  for k, v in endpoints_raw.items()}
     devices = tuple(_device(d, f"caps.devices[{i}]")
-                    for i, d in enumerate(_list(obj, "devices", "caps", MAX_DEVICES)))
-    models = tuple(_text(m, f"caps.models[{i}]", MAX_NAME_CHARS * 2)
-                   for i, m in enumerate(_list(obj, "models", "caps", MAX_MODELS)))
-    profile = _extra(obj.get("power_profile", {}), "caps.power_profile", 0)
+                    for i, d in enumerate(list_field(obj, "devices", "caps", MAX_DEVICES)))
+    models = tuple(text_field(m, f"caps.models[{i}]", MAX_NAME_CHARS * 2)
+                   for i, m in enumerate(list_field(obj, "models", "caps", MAX_MODELS)))
+    profile = extra_field(obj.get("power_profile", {}), "caps.power_profile", 0)
     if not isinstance(profile, dict):
         raise MessageError("caps.power_profile must be an object")
     tls = obj.get("tls", False)
@@ -270,37 +270,37 @@ def _caps(obj: dict, node: str, epoch: int) -> Caps:
 
 
 def _device(value: object, where: str) -> Device:
-    obj = _obj(value, where)
+    obj = obj_field(value, where)
     extra = {k: v for k, v in obj.items() if k not in ("id", "kind", "memory_bytes")}
-    checked = _extra(extra, where, 1)
+    checked = extra_field(extra, where, 1)
     assert isinstance(checked, dict)
-    return Device(id=_text(obj.get("id"), f"{where}.id", MAX_NAME_CHARS),
-                  kind=_text(obj.get("kind"), f"{where}.kind", MAX_NAME_CHARS),
-                  memory_bytes=_int(obj, "memory_bytes", where, default=0),
+    return Device(id=text_field(obj.get("id"), f"{where}.id", MAX_NAME_CHARS),
+                  kind=text_field(obj.get("kind"), f"{where}.kind", MAX_NAME_CHARS),
+                  memory_bytes=int_field(obj, "memory_bytes", where, default=0),
                   extra=checked)
 
 
 def _telemetry(obj: dict, node: str, epoch: int) -> Telemetry:
     lanes = tuple(_lane(x, f"telemetry.lanes[{i}]")
-                  for i, x in enumerate(_list(obj, "lanes", "telemetry", MAX_LANES)))
+                  for i, x in enumerate(list_field(obj, "lanes", "telemetry", MAX_LANES)))
     return Telemetry(
         node=node, epoch=epoch,
-        seq=_int(obj, "seq", "telemetry"),
-        ts_s=_num(obj, "ts", "telemetry"),
-        queue_depth=_int(obj, "queue_depth", "telemetry", default=0),
+        seq=int_field(obj, "seq", "telemetry"),
+        ts_s=num_field(obj, "ts", "telemetry"),
+        queue_depth=int_field(obj, "queue_depth", "telemetry", default=0),
         lanes=lanes,
-        free_memory_bytes=_int(obj, "free_memory_bytes", "telemetry", default=0),
-        latency_ms=_num_map(obj, "latency_ms", "telemetry"),
-        energy_j_per_inference=_num_map(obj, "energy_j_per_inference", "telemetry"),
-        power_w=_num(obj, "power_w", "telemetry", default=0.0),
+        free_memory_bytes=int_field(obj, "free_memory_bytes", "telemetry", default=0),
+        latency_ms=num_map_field(obj, "latency_ms", "telemetry"),
+        energy_j_per_inference=num_map_field(obj, "energy_j_per_inference", "telemetry"),
+        power_w=num_field(obj, "power_w", "telemetry", default=0.0),
     )
 
 
 def _lane(value: object, where: str) -> Lane:
-    obj = _obj(value, where)
-    utilization = _num(obj, "utilization", where, default=0.0)
+    obj = obj_field(value, where)
+    utilization = num_field(obj, "utilization", where, default=0.0)
     if utilization > 1.0:
         raise MessageError(f"{where}.utilization must be within [0, 1]")
-    return Lane(id=_text(obj.get("id"), f"{where}.id", MAX_NAME_CHARS),
+    return Lane(id=text_field(obj.get("id"), f"{where}.id", MAX_NAME_CHARS),
                 utilization=utilization,
-                queue_depth=_int(obj, "queue", where, default=0))
+                queue_depth=int_field(obj, "queue", where, default=0))
