@@ -30,6 +30,7 @@ pytestmark = [
 
 CLUSTER = "shutdown"
 PERIOD_S = 0.25  # suspect after 0.75 s of silence, dead after 1.25 s
+PROXIED_PERIOD_S = 0.5  # behind the proxy: dead only after 2.5 s of silence, far beyond CLOSE_AFTER_S
 CLOSE_AFTER_S = 0.6  # the will comes this long before the loss of the link (old rule: applied after 0.25 s)
 WAIT_S = 10.0
 
@@ -154,9 +155,10 @@ def broker(tmp_path: Path):
 async def agents():
     made: list[TelemetryAgent] = []
 
-    def make(port: int, node: str, *, view: NodeView | None = None, reconnect_min_s: float = 0.05) -> TelemetryAgent:
+    def make(port: int, node: str, *, view: NodeView | None = None, reconnect_min_s: float = 0.05,
+             period_s: float = PERIOD_S) -> TelemetryAgent:
         agent = TelemetryAgent(BrokerSettings(port=port, keepalive_s=1), cluster=CLUSTER, node=node,
-                               snapshot=snapshot, view=view, period_s=PERIOD_S,
+                               snapshot=snapshot, view=view, period_s=period_s,
                                reconnect_min_s=reconnect_min_s, reconnect_max_s=max(0.5, reconnect_min_s))
         made.append(agent)
         return agent
@@ -180,7 +182,8 @@ def live(agent: TelemetryAgent, node: str):
 async def proxied(broker: Mosquitto, agents) -> AsyncIterator[tuple[ShutdownProxy, TelemetryAgent, TelemetryAgent]]:
     """a behind the proxy, b straight on the broker; a sees b live."""
     async with ShutdownProxy(broker.port) as proxy:
-        a = agents(proxy.port, "a", view=NodeView(self_node="a", period_s=PERIOD_S, rejoin_grace_s=2.0))
+        a = agents(proxy.port, "a", view=NodeView(self_node="a", period_s=PROXIED_PERIOD_S, rejoin_grace_s=2.0),
+                   period_s=PROXIED_PERIOD_S)
         b = agents(broker.port, "b")
         await a.start()
         await b.start()
@@ -199,7 +202,7 @@ async def test_wills_that_come_with_the_loss_of_the_broker_are_ignored(proxied, 
     proxy.shut_down([will_of(b)] + ([will_of(a)] if "own" in order else []))
     await a.wait_until(lambda: a.stats.connects > connects, WAIT_S)  # lost the link, then reconnected
     assert a.wills.dropped == 1 and a.wills.confirmed == 0
-    await a.view.wait_for(lambda now_s: live(a, "b")(now_s) and a.view.peer("b", now_s).age_s < PERIOD_S, WAIT_S)
+    await a.view.wait_for(lambda now_s: live(a, "b")(now_s) and a.view.peer("b", now_s).age_s < PROXIED_PERIOD_S, WAIT_S)
     # b was never taken for dead (silence while the link hung may have made it suspect for a moment)
     assert Health.DEAD not in [e.new for e in events], events
     assert a.view.peer("b", time.monotonic()).state == "ready"
