@@ -23,10 +23,10 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from ..errors import GtServeError, InvalidArgument, Unsupported
 from ..tls import TlsFiles, pem_set
+from ..v2_params import params_from_proto
 from .grpc_codec import (
     cuda_shm_status_to_proto,
     model_metadata_to_proto,
-    params_from_proto,
     repository_index_to_proto,
     request_from_proto,
     response_to_proto,

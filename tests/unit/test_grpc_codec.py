@@ -13,15 +13,14 @@ from tritonclient.utils import deserialize_bytes_tensor
 
 from gt_serve.errors import InvalidArgument, InvalidInput
 from gt_serve.protocol.grpc_codec import (
-    fill_params,
     model_metadata_to_proto,
-    params_from_proto,
     repository_index_to_proto,
     request_from_proto,
     response_to_proto,
     shm_status_to_proto,
 )
 from gt_serve.types import InferResponse, Tensor
+from gt_serve.v2_params import fill_params, params_from_proto
 
 
 def client_request(inputs, outputs=None, parameters=None, priority=0, timeout=None) -> pb.ModelInferRequest:
