@@ -30,6 +30,7 @@ from .execution.batch_job import SimpleArrayBackend
 from .execution.job_factory import JobFactory
 from .execution.lane_plan import start_lanes
 from .execution.lanes import Lane
+from .execution.process_tuning import raise_open_file_limit, tune_gc
 
 log = logging.getLogger("gt_serve")
 
@@ -344,6 +345,7 @@ class App:
             loop.add_signal_handler(sig, self.request_stop)
         try:
             await self.start()
+            tune_gc()
             await self._stop_event.wait()
             log.info("shutting down: draining in-flight requests")
         finally:
@@ -379,21 +381,8 @@ def _array_backend():
         return SimpleArrayBackend()
 
 
-def _raise_open_file_limit(wanted: int) -> None:
-    """Every connection is a file descriptor: lift the soft limit towards the hard one if needed."""
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        if soft != resource.RLIM_INFINITY and soft < target:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ImportError, ValueError, OSError):  # not on this platform, or not allowed: keep going
-        pass
-
-
 def run(cfg: Config) -> None:
-    _raise_open_file_limit(2 * cfg.server.max_connections + 256)  # HTTP + gRPC, + models, lanes, logs, the broker
+    raise_open_file_limit(2 * cfg.server.max_connections + 256)  # HTTP + gRPC, + models, lanes, logs, the broker
     app = App(cfg)
     runner = asyncio.Runner(loop_factory=_loop_factory(cfg.server.event_loop))
     with runner:

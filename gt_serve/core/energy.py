@@ -36,6 +36,7 @@ from typing import Any, Mapping
 from gt_serve.errors import ConfigError, NotFound
 
 DEFAULT_MODEL_KEY = "*"
+_DYNAMIC_W_CACHE = 4096  # (model, batch) entries a profile keeps
 # used when a profile has neither the model nor a "*" entry: a slow, unbatched guess
 FALLBACK_LATENCY_MS: Mapping[int, float] = {1: 10.0, 8: 60.0}
 
@@ -103,6 +104,8 @@ class DeviceProfile:
     park_after_s: float
     latency_ms: Mapping[str, Mapping[int, float]]
     power_w: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    # (model, batch) -> dynamic power: charged once per executed batch, so looked up, not re-interpolated
+    _dynamic_w: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def wake_j(self) -> float:
@@ -116,9 +119,15 @@ class DeviceProfile:
     def dynamic_power_w(self, model: str, batch: int) -> float:
         """Power above idle while running a batch of `model` (its power table, else "*", else busy_w;
         flat outside the table)."""
-        power = self.power_w.get(model) or self.power_w.get(DEFAULT_MODEL_KEY) or {}
-        p_w = _interp_table(power, batch) if power else self.busy_w
-        return max(p_w - self.idle_w, 0.0)
+        key = (model, batch)
+        cached = self._dynamic_w.get(key)
+        if cached is None:
+            power = self.power_w.get(model) or self.power_w.get(DEFAULT_MODEL_KEY) or {}
+            p_w = _interp_table(power, batch) if power else self.busy_w
+            cached = max(p_w - self.idle_w, 0.0)
+            if len(self._dynamic_w) < _DYNAMIC_W_CACHE:
+                self._dynamic_w[key] = cached
+        return cached
 
     def curve(self, model: str) -> Curve:
         """A fresh curve for `model` (its own table, else the "*" default, else a fallback)."""

@@ -88,6 +88,8 @@ class StreamScheduler:
             if not batcher.pending:
                 continue
             idle = [lane for lane in executor.lanes if not lane.busy]
+            if not idle:  # every lane busy: its next finish pumps again (no queue scan per submit)
+                continue
             decision, head = batcher.decide(now_ns, len(idle))
             if decision.take:
                 key = virtual[executor] / executor.weight

@@ -22,6 +22,7 @@ from ..tls import TlsFiles, server_context
 from . import http_infer
 from .http_messages import Request, Response, json_error
 from .http_server import HttpServer
+from .http_templates import RequestTemplates
 from .status import http_headers, http_status
 from .tracing import RequestTracer
 
@@ -83,6 +84,7 @@ class HttpFrontEnd:
         self._tracer = tracer or RequestTracer.disabled()  # shared with the gRPC front end (App)
         self._trace_settings = self._tracer.settings
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gt-http-decode")
+        self._templates = RequestTemplates()  # repeated JSON parts of binary requests, decoded once
         self._log_settings = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
                               "log_verbose_level": 0, "log_format": "default"}
         self._server = HttpServer(self._handle, max_body_bytes=max_body_bytes, max_connections=max_connections,
@@ -286,13 +288,13 @@ class HttpFrontEnd:
         if header_length == 0:
             config = await self._dp.model_config(name, version)
             decode, args = http_infer.decode_raw_request, (name, version, body, config)
+        elif len(body) < OFFLOAD_DECODE_BYTES:
+            return self._templates.decode(name, version, body, header_length)
         else:
             decode, args = http_infer.decode_request, (name, version, body, header_length)
         if len(body) >= OFFLOAD_DECODE_BYTES:  # up to seconds for the largest JSON bodies: keep the loop serving
-            infer_req = await asyncio.get_running_loop().run_in_executor(self._decoder, decode, *args)
-        else:
-            infer_req = decode(*args)
-        return infer_req
+            return await asyncio.get_running_loop().run_in_executor(self._decoder, decode, *args)
+        return decode(*args)
 
     def _encode(self, req: Request, infer_req, resp) -> Response:
         headers = req.headers

@@ -36,6 +36,7 @@ class RequestParsing:
         self._in_message = True
         self._url = b""
         self._headers = {}
+        self._raw_headers = []
         self._head_bytes = 0
         self._body = []
         self._body_buffer = None
@@ -53,15 +54,19 @@ class RequestParsing:
         if self._head_bytes > _MAX_HEAD_BYTES:
             self._fail(431, "request headers too large")
             raise _StopParsing
-        key = name.decode("latin-1").lower()
-        val = value.decode("latin-1")
-        old = self._headers.get(key)
-        self._headers[key] = val if old is None else f"{old}, {val}"
+        self._raw_headers.append((name, value))  # decoded once, all together, when the head is complete
 
     def on_headers_complete(self) -> None:
         self._phase = PHASE_BODY
         self._phase_deadline_s = self._loop.time() + self._server._body_timeout_s
-        headers = self._headers
+        raw = self._raw_headers
+        self._headers = headers = {n.decode("latin-1").lower(): v.decode("latin-1") for n, v in raw}
+        if len(headers) != len(raw):  # a repeated header: its values joined with ", " in order
+            headers.clear()
+            for n, v in raw:
+                key, val = n.decode("latin-1").lower(), v.decode("latin-1")
+                old = headers.get(key)
+                headers[key] = val if old is None else f"{old}, {val}"
         length = headers.get("content-length")
         limit = self._server._max_body_bytes
         if length is not None and length.isdigit() and int(length) > limit:

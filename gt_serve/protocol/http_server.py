@@ -67,6 +67,7 @@ class _Connection(RequestParsing, asyncio.Protocol):
         # the request being parsed
         self._url = b""
         self._headers: dict[str, str] = {}
+        self._raw_headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0
         self._body: list[bytes] = []
         self._body_buffer: bytearray | None = None  # a large body grows in place instead of being joined

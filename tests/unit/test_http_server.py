@@ -81,6 +81,20 @@ async def test_keep_alive_many_requests_one_connection(served):
 
 
 @pytest.mark.asyncio
+async def test_header_names_case_insensitive_and_repeats_joined_in_order(served):
+    """Headers are decoded together once the head is complete: names lower-cased, a repeated header's values
+    joined with ", " in the order they came, on every request of a keep-alive connection."""
+    server, _ = served
+    r, w = await connect(server)
+    for head in ("X-Test: a\r\nx-test: b\r\nX-TEST: c\r\n", "X-tEsT: only\r\n", ""):
+        w.write(f"GET /h HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode())
+        status, _, body = await read_response(r)
+        expected = {"X-Test: a\r\nx-test: b\r\nX-TEST: c\r\n": "a, b, c", "X-tEsT: only\r\n": "only", "": None}[head]
+        assert status == 200 and json.loads(body)["x"] == expected
+    w.close()
+
+
+@pytest.mark.asyncio
 async def test_pipelined_requests_answered_in_order(served):
     server, _ = served
     r, w = await connect(server)

@@ -1,0 +1,120 @@
+"""gt_serve.protocol.http_templates: a repeated JSON part is decoded once, with the same result and the same
+errors as the full decoder (http_infer.decode_request)."""
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from gt_serve.errors import InvalidArgument
+from gt_serve.protocol.http_infer import decode_request
+from gt_serve.protocol.http_templates import RequestTemplates
+
+
+def binary_body(arrays: dict[str, tuple[str, np.ndarray]], **extra) -> tuple[bytes, int]:
+    inputs, blobs = [], []
+    for name, (datatype, array) in arrays.items():
+        raw = array.tobytes()
+        inputs.append({"name": name, "datatype": datatype, "shape": list(array.shape),
+                       "parameters": {"binary_data_size": len(raw)}})
+        blobs.append(raw)
+    head = orjson.dumps({"id": "", "inputs": inputs, **extra})
+    return head + b"".join(blobs), len(head)
+
+
+def same(a, b) -> None:
+    assert (a.model_name, a.model_version, a.id, a.parameters, a.priority, a.deadline_s) == \
+           (b.model_name, b.model_version, b.id, b.parameters, b.priority, b.deadline_s)
+    assert [(o.name, o.parameters) for o in a.outputs or []] == [(o.name, o.parameters) for o in b.outputs or []]
+    assert len(a.inputs) == len(b.inputs)
+    for x, y in zip(a.inputs, b.inputs):
+        assert (x.name, x.datatype, x.shape, x.parameters) == (y.name, y.datatype, y.shape, y.parameters)
+        assert x.data.dtype == y.data.dtype and x.data.shape == y.data.shape and np.array_equal(x.data, y.data)
+
+
+def test_repeated_json_part_decoded_once_with_each_requests_own_data():
+    templates = RequestTemplates()
+    rng = np.random.default_rng(0)
+    extra = {"outputs": [{"name": "OUT", "parameters": {"binary_data": True}}], "parameters": {"priority": 2, "k": 1}}
+    for i in range(5):
+        a = rng.standard_normal((2, 3)).astype(np.float32)
+        b = np.arange(4, dtype=np.int64).reshape(1, 4) + i
+        body, n = binary_body({"A": ("FP32", a), "B": ("INT64", b)}, **extra)
+        got = templates.decode("m", "1", body, n)
+        same(got, decode_request("m", "1", body, n))
+        assert np.array_equal(got.inputs[0].data, a) and np.array_equal(got.inputs[1].data, b)
+        assert got.priority == 2 and got.parameters == {"k": 1}
+    assert templates.hits == 4  # the first one was learned
+
+
+def test_each_request_gets_its_own_parameters_and_output_list():
+    templates = RequestTemplates()
+    body, n = binary_body({"A": ("FP32", np.ones((1, 2), np.float32))}, parameters={"gt_hops": 1},
+                          outputs=[{"name": "OUT"}])
+    first = templates.decode("m", "", body, n)
+    first.parameters.pop("gt_hops")  # what the data plane does with its own keys
+    first.outputs.append("changed")
+    second = templates.decode("m", "", body, n)
+    assert second.parameters == {"gt_hops": 1} and [o.name for o in second.outputs] == ["OUT"]
+    assert templates.hits == 1
+
+
+def test_binary_part_of_another_length_gets_the_full_decoders_error():
+    templates = RequestTemplates()
+    body, n = binary_body({"A": ("FP32", np.ones((1, 4), np.float32))})
+    templates.decode("m", "", body, n)
+    with pytest.raises(InvalidArgument, match="unexpected additional input data for model 'm': 3 bytes"):
+        templates.decode("m", "", body + b"xyz", n)
+    with pytest.raises(InvalidArgument, match="binary_data_size 16 overruns the request body"):
+        templates.decode("m", "", body[:-4], n)
+    assert templates.hits == 0
+    same(templates.decode("m", "", body, n), decode_request("m", "", body, n))  # still served from the table
+    assert templates.hits == 1
+
+
+@pytest.mark.parametrize("case", ["timeout", "bytes", "json_data", "no_header_length", "too_long"])
+def test_requests_that_are_not_kept(case):
+    templates = RequestTemplates(max_json_bytes=4096)
+    if case == "timeout":  # the deadline is relative to each request's arrival
+        body, n = binary_body({"A": ("FP32", np.ones((1, 2), np.float32))}, parameters={"timeout": 5_000_000})
+    elif case == "bytes":
+        raw = b"\x02\x00\x00\x00hi"
+        head = orjson.dumps({"inputs": [{"name": "S", "datatype": "BYTES", "shape": [1],
+                                         "parameters": {"binary_data_size": len(raw)}}]})
+        body, n = head + raw, len(head)
+    elif case == "json_data":
+        head = orjson.dumps({"inputs": [{"name": "A", "datatype": "FP32", "shape": [2], "data": [1, 2]}]})
+        body, n = head, len(head)
+    elif case == "no_header_length":
+        body, n = orjson.dumps({"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": [1]}]}), None
+    else:
+        body, n = binary_body({"A": ("FP32", np.ones((1, 2), np.float32))}, parameters={"pad": "x" * 5000})
+    results = [templates.decode("m", "", body, n) for _ in range(3)]
+    assert templates.hits == 0
+    if case == "timeout":
+        assert all(r.deadline_s is not None for r in results) and results[0].deadline_s < results[2].deadline_s
+    else:
+        for r in results:
+            same(r, decode_request("m", "", body, n))
+
+
+def test_a_full_table_starts_over():
+    templates = RequestTemplates(capacity=3)
+    bodies = [binary_body({"A": ("FP32", np.ones((1, k + 1), np.float32))}) for k in range(4)]
+    for body, n in bodies:
+        templates.decode("m", "", body, n)
+    templates.decode("m", "", *bodies[3])
+    assert templates.hits == 1  # the 4th was kept in the fresh table
+    templates.decode("m", "", *bodies[0])
+    assert templates.hits == 1  # the 1st was dropped with the old table, and learned again
+    templates.decode("m", "", *bodies[0])
+    assert templates.hits == 2
+
+
+def test_empty_tensor_and_decompressed_bytearray_body():
+    templates = RequestTemplates()
+    body, n = binary_body({"A": ("FP32", np.zeros((0, 3), np.float32)), "B": ("INT32", np.arange(3, dtype=np.int32))})
+    for payload in (body, bytearray(body), bytearray(body)):
+        got = templates.decode("m", "", payload, n)
+        assert got.inputs[0].data.shape == (0, 3) and np.array_equal(got.inputs[1].data, np.arange(3))
+    assert templates.hits == 2
