@@ -60,6 +60,16 @@ def tree_cpu_s(pid: int, max_depth: int = 4) -> float:
     return total
 
 
+def thread_cpu_s(pid: int, tid: int) -> float:
+    """CPU seconds (user + system) of one thread of `pid` (tid == pid: its main thread, gt-serve's event loop)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = text[text.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
+
+
 class RaplMeter:
     """Joules of the CPU packages from RAPL (`intel-rapl:N`, not its sub-zones), counting wrap-arounds;
     `available` is False where powercap is absent or unreadable (containers, VMs, non-root)."""

@@ -8,7 +8,10 @@ client-side latency), server CPU-seconds per inference (utime+stime of the serve
 /proc, before/after the point, divided by the server's own inference_count delta, so perf_analyzer's warm-up
 and trial windows are all counted) and RAPL joules per inference where /sys/class/powercap is readable.
 Raw onnxruntime: batch-1 latency and CPU per inference with 1 intra-op thread and with every core, and the
-best batched throughput. Prints JSON lines (also appended to --jsonl), then a table of ratios.
+best batched throughput. Also per inference: the server's main (event-loop) thread CPU, perf_analyzer's own
+CPU, and the `ceiling` that client sets on the 2 shared cores (raw best-batch CPU / (that + the client's CPU):
+the inf/s/raw a server costing nothing beyond onnxruntime would reach). Prints JSON lines (also appended to
+--jsonl), then a table of ratios.
 
     python bench/perf_sweep.py [--models mlp,convnet] [--protocols http,grpc] [--concurrency 1,16,64]
                                [--interval-ms 2000] [--triton-venv PATH] [--jsonl out.jsonl] [--quick]
@@ -40,7 +43,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import sweep_servers
-from common import CpuEnergyWindow, RaplMeter, emit
+from common import CpuEnergyWindow, RaplMeter, emit, thread_cpu_s
 
 from gt_serve.testing import model_builders as mb
 from gt_serve.testing.launcher import launch
@@ -113,13 +116,22 @@ def raw_baseline(repo: Path, model: str, cores: int, duration_s: float, jsonl: s
               for b, t, gap in ((1, 1, 0.0), (1, cores, 0.0), (1, 1, 0.0005), (8, cores, 0.0), (32, cores, 0.0))]
     batch1 = [p for p in points if p["batch"] == 1 and not p["gap_ms"]]
     paced = next(p for p in points if p["gap_ms"])
+    best = max((p for p in points if not p["gap_ms"]), key=lambda p: p["inferences_per_s"])
     return {"batch1_cpu_ms": min(p["cpu_ms_per_inference"] for p in batch1),
             "batch1_p50_ms": min(p["p50_ms"] for p in batch1),
             "paced_cpu_ms": paced["cpu_ms_per_inference"], "paced_p50_ms": paced["p50_ms"],
-            "best_inferences_per_s": max(p["inferences_per_s"] for p in points if not p["gap_ms"])}
+            "best_inferences_per_s": best["inferences_per_s"], "best_cpu_ms": best["cpu_ms_per_inference"]}
 
 
 # -- perf_analyzer points ------------------------------------------------------------------------------
+def children_cpu_s() -> float:
+    """CPU seconds of this process's reaped children: perf_analyzer, run to completion per point."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def perf_analyzer_path(given: str | None) -> str:
     if given:
         return given
@@ -150,13 +162,20 @@ def server_point(pa: str, srv: sweep_servers.Served, protocol: str, model: str, 
     """One perf_analyzer point with the server's CPU and energy over it, per inference the server counted."""
     window = CpuEnergyWindow(srv.pid, rapl)
     count0 = srv.inference_count(model)
+    loop0_s, client0_s = thread_cpu_s(srv.pid, srv.pid), children_cpu_s()
     window.start()
     measured = run_perf_analyzer(pa, srv.url(protocol), protocol, model, concurrency, interval_ms, workdir)
     used = window.stop()
+    loop_s, client_s = thread_cpu_s(srv.pid, srv.pid) - loop0_s, children_cpu_s() - client0_s
     inferences = max(1, srv.inference_count(model) - count0)
     point = {"server": srv.label, "model": model, "protocol": protocol, "concurrency": concurrency, **measured,
              "server_inferences": inferences,
-             "server_cpu_ms_per_inference": round(used["cpu_s"] / inferences * 1e3, 4)}
+             "server_cpu_ms_per_inference": round(used["cpu_s"] / inferences * 1e3, 4),
+             # gt-serve's event-loop thread (front ends, batching, encode/decode, socket calls), the rest of the
+             # server being onnxruntime on the lanes; and perf_analyzer's own CPU, which shares the cores
+             "client_cpu_ms_per_inference": round(client_s / inferences * 1e3, 4)}
+    if srv.label == "gt_serve":  # Triton's work is not on its main thread
+        point["main_thread_cpu_ms_per_inference"] = round(loop_s / inferences * 1e3, 4)
     if used["rapl_j"] is not None:
         point["rapl_mj_per_inference"] = round(used["rapl_j"] / inferences * 1e3, 3)
     return point
@@ -173,11 +192,21 @@ def sweep(pa: str, srv: sweep_servers.Served, a: argparse.Namespace, rapl: RaplM
 
 
 # -- report ---------------------------------------------------------------------------------------------
+def ceiling(point: dict, raw: dict) -> float:
+    """The best inf/s/raw a server could reach with this client on the same cores if the server cost nothing
+    beyond onnxruntime's own best-batch CPU: raw CPU / (raw CPU + the client's CPU per inference)."""
+    client = point.get("client_cpu_ms_per_inference")
+    if client is None or not raw.get("best_cpu_ms"):
+        return float("nan")
+    return raw["best_cpu_ms"] / (raw["best_cpu_ms"] + client)
+
+
 def table(points: list[dict], raw: dict[str, dict]) -> str:
     """One row per point: throughput, latency, CPU per inference, and ratios to raw onnxruntime (and Triton)."""
     triton = {(p["model"], p["protocol"], p["concurrency"]): p for p in points if p["server"] == "triton"}
     head = (f"{'server':9} {'model':8} {'proto':5} {'conc':>4} {'inf/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
-            f"{'cpu ms/inf':>10} {'cpu/raw':>7} {'inf/s/raw':>9} {'inf/s/triton':>12} {'cpu/triton':>10}")
+            f"{'cpu ms/inf':>10} {'loop ms':>7} {'client':>7} {'cpu/raw':>7} {'inf/s/raw':>9} {'ceiling':>7} "
+            f"{'inf/s/triton':>12} {'cpu/triton':>10}")
     rows = [head, "-" * len(head)]
     for p in points:
         if "error" in p:
@@ -188,8 +217,10 @@ def table(points: list[dict], raw: dict[str, dict]) -> str:
         rows.append(
             f"{p['server']:9} {p['model']:8} {p['protocol']:5} {p['concurrency']:>4} {p['inferences_per_s']:>8.0f} "
             f"{p['p50_ms']:>7.3f} {p['p99_ms']:>7.3f} {p['server_cpu_ms_per_inference']:>10.4f} "
+            f"{p.get('main_thread_cpu_ms_per_inference', float('nan')):>7.4f} "
+            f"{p.get('client_cpu_ms_per_inference', float('nan')):>7.4f} "
             f"{p['server_cpu_ms_per_inference'] / r['batch1_cpu_ms']:>7.2f} "
-            f"{p['inferences_per_s'] / r['best_inferences_per_s']:>9.2f} "
+            f"{p['inferences_per_s'] / r['best_inferences_per_s']:>9.2f} {ceiling(p, r):>7.2f} "
             f"{(p['inferences_per_s'] / t['inferences_per_s']) if t_ok else float('nan'):>12.2f} "
             f"{(p['server_cpu_ms_per_inference'] / t['server_cpu_ms_per_inference']) if t_ok else float('nan'):>10.2f}")
     for model, r in raw.items():
