@@ -26,11 +26,13 @@ class FakeTransport:
 
     def __init__(self, high_water_bytes: int = 1 << 30) -> None:
         self.out = bytearray()
+        self.writes = 0
         self.high_water_bytes = high_water_bytes
         self.protocol: H2Connection | None = None
         self.closed = self.aborted = self.reading_paused = self.writing_paused = False
 
     def write(self, data) -> None:
+        self.writes += 1
         self.out += data
         if not self.writing_paused and len(self.out) > self.high_water_bytes:
             self.writing_paused = True
@@ -188,6 +190,45 @@ def test_a_peer_that_does_not_read_stops_being_read(loop):
             break
         transport.drain()
     assert total == 100 and not transport.reading_paused
+
+
+def _requests(sids_: list[int]) -> bytes:
+    block = _request_block(0)
+    return b"".join(f.frame(f.HEADERS, f.END_HEADERS, sid, block) + f.frame(f.DATA, f.END_STREAM, sid, b"q" * sid)
+                    for sid in sids_)
+
+
+def test_answers_of_one_loop_turn_leave_in_one_write_in_order(loop):
+    """Streams answered in the same turn of the event loop (a batch's responses) go out in one transport write
+    at the end of it, each stream's headers, data and trailers in order; a control frame answered meanwhile
+    (a PING) is written at once, after the answers queued before it."""
+    conn, transport = connect(loop)
+    conn.data_received(f.PREFACE + f.frame(f.SETTINGS, 0, 0))
+    transport.drain()
+    writes = transport.writes
+    conn.data_received(_requests([1, 3, 5, 7]))
+    assert transport.writes == writes and not transport.out  # queued, not written yet
+    loop.run_until_complete(asyncio.sleep(0))  # the end of the turn
+    assert transport.writes == writes + 1
+    got = [(kind, sid) for kind, _, sid, _ in frames_of(bytes(transport.out))]
+    assert got == [(kind, sid) for sid in (1, 3, 5, 7) for kind in (f.HEADERS, f.DATA, f.HEADERS)]
+    assert not conn.streams
+    transport.drain()
+    conn.data_received(_requests([9]) + f.frame(f.PING, 0, 0, b"12345678"))
+    kinds = [(kind, sid) for kind, _, sid, _ in frames_of(bytes(transport.out))]
+    assert kinds == [(f.HEADERS, 9), (f.DATA, 9), (f.HEADERS, 9), (f.PING, 0)]  # flushed before the PING ACK
+    loop.run_until_complete(asyncio.sleep(0))
+    assert frames_of(bytes(transport.out))[-1][0] == f.PING  # nothing left behind to send twice
+    conn.connection_lost(None)
+
+
+def test_queued_answers_go_out_before_the_connection_closes(loop):
+    conn, transport = connect(loop)
+    conn.data_received(f.PREFACE + f.frame(f.SETTINGS, 0, 0))
+    transport.drain()
+    conn.data_received(_requests([1]) + f.frame(f.GOAWAY, 0, 0, struct.pack(">II", 0, 0)))
+    assert transport.closed and not transport.aborted
+    assert [kind for kind, _, _, _ in frames_of(bytes(transport.out))] == [f.HEADERS, f.DATA, f.HEADERS]
 
 
 def test_control_frame_flood_is_calmed(loop):

@@ -78,6 +78,7 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
         self._loop: asyncio.AbstractEventLoop = server.loop
         self._limits: H2Limits = server.limits
         self._transport: asyncio.Transport | None = None
+        self._outbox: list = []  # frames written this turn of the loop, sent together (output.StreamOutput._write)
         self._buf = bytearray()
         self._state = _AWAIT_PREFACE
         self.streams: dict[int, H2Stream] = {}
@@ -138,6 +139,7 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:  # noqa: ANN001
         self._transport = None
+        self._outbox.clear()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -341,6 +343,7 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
             self._remember_reset(stream.sid)
         self.stream_closed(stream, False)
         if self._goaway_sent and not self.streams and self._transport is not None:
+            self.flush_output()
             self._transport.close()
 
     def _drop(self, stream: H2Stream) -> None:
@@ -364,7 +367,7 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
         if transport is None:
             return
         log.debug("HTTP/2 connection error %d: %s", code, message)
-        transport.write(goaway(self._last_sid, code, message))
+        self._write(goaway(self._last_sid, code, message))  # after any queued frames
         transport.close()
         self.connection_lost(None)
 

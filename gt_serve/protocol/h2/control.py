@@ -146,6 +146,7 @@ class ControlHandlers:
             raise H2ConnectionError(PROTOCOL_ERROR, "GOAWAY on a stream")
         self._control.frame(self._loop.time())
         if not self.streams and self._transport is not None:
+            self.flush_output()
             self._transport.close()
 
     def _on_window_update(self, flags: int, sid: int, payload: bytes) -> None:
@@ -188,4 +189,5 @@ class ControlHandlers:
         self._goaway_sent = True
         self._write(goaway(self._last_sid, NO_ERROR))
         if not self.streams:
+            self.flush_output()
             self._transport.close()

@@ -46,7 +46,7 @@ class StreamOutput:
                 self._control.allow(2)
             if trailers is not None:
                 parts.append(self._header_frames(sid, trailers, True))
-            self._transport.write(b"".join(parts))
+            self._write_soon(b"".join(parts))
             if stream.done:
                 self._closed(stream)
             return
@@ -69,7 +69,31 @@ class StreamOutput:
         out.append(frame(CONTINUATION, END_HEADERS, sid, chunks[-1]))
         return b"".join(out)
 
-    def _write(self, data: bytes) -> None:
+    def _write_soon(self, data) -> None:
+        """Queue a stream's response frames: everything queued in one turn of the event loop goes out in one
+        transport write at the end of it (`flush_output`). The responses of a batch that finished together,
+        on one connection carrying many streams (gRPC clients multiplex their calls), cost one system call
+        instead of one each."""
+        if self._transport is None:
+            return
+        outbox = self._outbox
+        outbox.append(data)
+        if len(outbox) == 1:
+            self._loop.call_soon(self.flush_output)
+
+    def flush_output(self) -> None:
+        """Write what `_write_soon` queued; before the transport is closed, call this first."""
+        outbox = self._outbox
+        if outbox:
+            data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
+            outbox.clear()
+            self._write(data)
+
+    def _write(self, data) -> None:
+        """Write at once, after what is queued (frames keep their order): control frames and flow-controlled
+        DATA, which must see the transport's back-pressure (pause_writing) before the next one."""
+        if self._outbox:
+            self.flush_output()
         transport = self._transport
         if transport is None:
             return
@@ -80,8 +104,7 @@ class StreamOutput:
             transport.abort()
 
     def _flush_stream(self, stream: H2Stream) -> None:
-        transport = self._transport
-        if transport is None:
+        if self._transport is None:
             return
         pending = stream.pending
         while pending:
@@ -90,14 +113,14 @@ class StreamOutput:
                 return
             item = pending[0]
             if type(item) is bytes:  # header frames: not flow controlled
-                transport.write(pending.popleft())
+                self._write(pending.popleft())
                 continue
             allowed = min(len(item), stream.send_window, self._conn_send_window, self._peer_max_frame,
                           _SEND_FRAME_CAP_BYTES)
             if allowed <= 0:
                 self._blocked[stream.sid] = stream
                 return
-            transport.write(frame_head(allowed, DATA, 0, stream.sid) + item[:allowed])
+            self._write(frame_head(allowed, DATA, 0, stream.sid) + item[:allowed])
             stream.send_window -= allowed
             self._conn_send_window -= allowed
             self._control.allow(2)
