@@ -1,0 +1,125 @@
+"""Two (or more) gt-serve checkouts against each other in one run, interleaved: CPU per inference of the server and
+of its event-loop thread, under perf_analyzer (HTTP or gRPC) or the lean raw-HTTP client, on the same model
+repository. On a shared machine absolute numbers drift by tens of percent between minutes; servers measured in
+alternating rounds share the drift, so their ratio is what to read (issue #17).
+
+    git worktree add /tmp/before HEAD~3        # or any clone of an older commit
+    python bench/ab_compare.py /tmp/before . [--client http|grpc|raw] [--concurrency 64] [--rounds 3]
+                               [--model mlp|convnet] [--config node.yaml]
+
+Each round starts each checkout's server (`python -m gt_serve` with that checkout first on PYTHONPATH) on free
+loopback ports, runs one point, reads the server's inference count and /proc CPU, and stops it. Prints one JSON
+line per run, then the mean per checkout and each one's ratio to the first.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import perf_sweep
+from common import thread_cpu_s, tree_cpu_s
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> dict:
+    with _OPENER.open(url, timeout=10) as r:
+        return json.load(r)
+
+
+def start(root: Path, repo: Path, config: str | None) -> tuple[subprocess.Popen, int, int]:
+    http, grpc, metrics = _free_port(), _free_port(), _free_port()
+    cmd = [sys.executable, "-m", "gt_serve", "--model-repository", str(repo), "--http-port", str(http),
+           "--grpc-port", str(grpc), "--metrics-port", str(metrics)] + (["--config", config] if config else [])
+    env = dict(os.environ, PYTHONPATH=str(root))
+    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with _OPENER.open(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return proc, http, grpc
+        except OSError:
+            pass
+        time.sleep(0.2)  # polling a child server's start-up
+    proc.kill()
+    raise RuntimeError(f"the server from {root} never became ready")
+
+
+def point(root: Path, a: argparse.Namespace, repo: Path, pa: str | None) -> dict:
+    proc, http, grpc = start(root, repo, a.config)
+    try:
+        def count() -> int:
+            stats = _get(f"http://127.0.0.1:{http}/v2/models/{a.model}/stats")["model_stats"]
+            return sum(int(s["inference_count"]) for s in stats)
+
+        if a.client == "raw":
+            cmd = [sys.executable, str(HERE / "rawload.py"), "--url", f"127.0.0.1:{http}", "--model", a.model,
+                   "--concurrency", str(a.concurrency), "--duration", str(a.duration)]
+        else:
+            port = http if a.client == "http" else grpc
+            cmd = [pa, "-m", a.model, "-u", f"127.0.0.1:{port}", "-i", a.client, "-b", "1",
+                   "--concurrency-range", f"{a.concurrency}:{a.concurrency}",
+                   "--measurement-interval", str(int(a.duration * 1000)), "--max-trials", "3",
+                   "--stability-percentage", "100"]
+        n0, cpu0, loop0 = count(), tree_cpu_s(proc.pid), thread_cpu_s(proc.pid, proc.pid)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 10 * a.duration)
+        n = max(1, count() - n0)
+        cpu, loop = tree_cpu_s(proc.pid) - cpu0, thread_cpu_s(proc.pid, proc.pid) - loop0
+        throughput = [line.split(":", 1)[1].strip() for line in out.stdout.splitlines() if "Throughput" in line]
+        return {"root": str(root), "client": a.client, "model": a.model, "concurrency": a.concurrency,
+                "inferences": n, "server_cpu_ms_per_inference": round(cpu / n * 1e3, 4),
+                "loop_cpu_ms_per_inference": round(loop / n * 1e3, 4),
+                "client_says": throughput[0] if throughput else out.stdout.strip()[-160:]}
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("roots", nargs="+", type=Path, help="checkouts (the first is the reference)")
+    p.add_argument("--client", choices=("http", "grpc", "raw"), default="http")
+    p.add_argument("--model", choices=sorted(perf_sweep.MODELS), default="mlp")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--duration", type=float, default=2.5, help="seconds per measurement window")
+    p.add_argument("--config", help="node YAML for every server")
+    a = p.parse_args()
+    pa = perf_sweep.perf_analyzer_path(None) if a.client != "raw" else None
+    repo = perf_sweep.build_repo(Path(tempfile.mkdtemp(prefix="gt-ab-")) / "repo", [a.model], triton=False)
+    results: dict[str, list[dict]] = {str(r): [] for r in a.roots}
+    for _ in range(a.rounds):
+        for root in a.roots:
+            res = point(root.resolve(), a, repo, pa)
+            results[str(root)].append(res)
+            print(json.dumps(res), flush=True)
+    ref = None
+    for root, runs in results.items():
+        cpu = sum(r["server_cpu_ms_per_inference"] for r in runs) / len(runs)
+        loop = sum(r["loop_cpu_ms_per_inference"] for r in runs) / len(runs)
+        ref = ref or (cpu, loop)
+        print(f"{root}: server CPU {cpu:.4f} ms/inf ({cpu / ref[0]:.2f}x the first), event-loop thread "
+              f"{loop:.4f} ms/inf ({loop / ref[1]:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
