@@ -22,14 +22,13 @@ from ..tls import TlsFiles, server_context
 from . import http_infer
 from .http_messages import Request, Response, json_error
 from .http_server import HttpServer
-from .http_templates import RequestTemplates
+from .http_templates import AnswerTemplates, RequestTemplates
 from .status import http_headers, http_status
 from .tracing import RequestTracer
 
 _log = logging.getLogger(__name__)
 
 _JSON = {"Content-Type": "application/json"}
-_BINARY = "application/octet-stream"
 _EMPTY_OK = Response(200, b"", None)
 COMPRESS_MIN_BYTES = 1024  # smaller infer responses are sent uncompressed even when gzip is accepted
 OFFLOAD_DECODE_BYTES = 1 << 20  # infer bodies this large are decoded on the (one) decode thread
@@ -85,6 +84,7 @@ class HttpFrontEnd:
         self._trace_settings = self._tracer.settings
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gt-http-decode")
         self._templates = RequestTemplates()  # repeated JSON parts of binary requests, decoded once
+        self._answers = AnswerTemplates()  # ... and of binary answers, encoded once
         self._log_settings = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
                               "log_verbose_level": 0, "log_format": "default"}
         self._server = HttpServer(self._handle, max_body_bytes=max_body_bytes, max_connections=max_connections,
@@ -297,18 +297,13 @@ class HttpFrontEnd:
         return decode(*args)
 
     def _encode(self, req: Request, infer_req, resp) -> Response:
-        headers = req.headers
-        parts, json_bytes = http_infer.encode_response(resp, infer_req)
-        out_headers = {"Content-Type": _BINARY} if json_bytes is not None else {"Content-Type": "application/json"}
-        if json_bytes is not None:
-            out_headers["Inference-Header-Content-Length"] = str(json_bytes)
-        accept = headers.get("accept-encoding")
+        parts, out_headers = self._answers.encode(resp, infer_req)  # out_headers may be shared: copied to change
+        accept = req.headers.get("accept-encoding")
         if accept:
             encoding = http_infer.choose_encoding(accept)
             if encoding and sum(len(p) if not isinstance(p, memoryview) else p.nbytes for p in parts) >= \
                     self._compress_min_bytes:
-                out_headers["Content-Encoding"] = encoding
-                return Response(200, http_infer.compress(parts, encoding), out_headers)
+                return Response(200, http_infer.compress(parts, encoding), {**out_headers, "Content-Encoding": encoding})
         return Response(200, parts if len(parts) > 1 else parts[0], out_headers)
 
 

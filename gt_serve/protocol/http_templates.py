@@ -12,14 +12,19 @@ what is wrong. Bounded: a full table starts over.
 
 The skeleton's per-tensor parameter dicts and requested outputs are shared by the requests made
 from it and are read-only downstream; each request gets its own `parameters` dict and lists.
+
+Answers the same way (`AnswerTemplates`): when every output that holds data goes back binary, the JSON part of
+the answer is a function of the model, version, id, the outputs' names, datatypes and shapes and what the
+request asked for, so it is encoded once per such key (`http_infer.encode_response` on a miss) and the HTTP
+headers with it; an answer then costs its outputs' raw views.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..datatypes import numpy_dtype
-from ..types import InferRequest, Tensor
-from .http_infer import decode_request
+from ..datatypes import numpy_dtype, raw_from_array
+from ..types import InferRequest, InferResponse, Tensor
+from .http_infer import decode_request, encode_response
 
 _BINARY_SIZE = "binary_data_size"
 _SHM_REGION = "shared_memory_region"
@@ -87,3 +92,45 @@ class RequestTemplates:
         outputs = None if request.outputs is None else list(request.outputs)  # not the first request's own list
         self._skeletons[key] = _Skeleton(inputs, outputs, dict(request.parameters), request.id, request.priority,
                                          binary_bytes)
+
+
+class AnswerTemplates:
+    """One front end's table of answer JSON parts and headers (touched on the event loop only)."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.capacity = capacity
+        self._answers: dict[tuple, tuple[bytes, dict]] = {}
+        self.hits = 0
+
+    def encode(self, resp: InferResponse, req: InferRequest) -> tuple[list, dict]:
+        """(body parts: the JSON part, then the binary blobs; the response headers, shared: copy to change)."""
+        key = self._key(resp, req)
+        if key is not None:
+            known = self._answers.get(key)
+            if known is not None:
+                self.hits += 1
+                head, headers = known
+                return [head, *[raw_from_array(t.data, t.datatype) for t in resp.outputs if t.data.size]], headers
+        parts, json_bytes = encode_response(resp, req)
+        if json_bytes is None:
+            return parts, {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(json_bytes)}
+        if key is not None and len(parts) - 1 == sum(1 for t in resp.outputs if t.data.size):  # all binary
+            if len(self._answers) >= self.capacity:
+                self._answers.clear()
+            self._answers[key] = (parts[0], headers)
+        return parts, headers
+
+    @staticmethod
+    def _key(resp: InferResponse, req: InferRequest) -> tuple | None:
+        if resp.parameters:
+            return None
+        outputs = []
+        for t in resp.outputs:
+            if t.data is None or t.parameters or t.datatype == "BYTES":  # shared memory, classification, ...
+                return None
+            outputs.append((t.name, t.datatype, t.shape))
+        params = req.parameters
+        asked = tuple((o.name, o.parameters.get("binary_data")) for o in req.outputs) if req.outputs else None
+        return (resp.model_name, resp.model_version, resp.id, tuple(outputs), asked,
+                bool(params.get("binary_data_output", False)) if params else False)

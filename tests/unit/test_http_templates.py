@@ -8,7 +8,7 @@ import pytest
 
 from gt_serve.errors import InvalidArgument
 from gt_serve.protocol.http_infer import decode_request
-from gt_serve.protocol.http_templates import RequestTemplates
+from gt_serve.protocol.http_templates import AnswerTemplates, RequestTemplates
 
 
 def binary_body(arrays: dict[str, tuple[str, np.ndarray]], **extra) -> tuple[bytes, int]:
@@ -118,3 +118,83 @@ def test_empty_tensor_and_decompressed_bytearray_body():
         got = templates.decode("m", "", payload, n)
         assert got.inputs[0].data.shape == (0, 3) and np.array_equal(got.inputs[1].data, np.arange(3))
     assert templates.hits == 2
+
+
+# ---- answers ----
+
+def answer(outputs: list, model: str = "m", request_id: str = "", params: dict | None = None):
+    from gt_serve.types import InferResponse
+    return InferResponse(model, "1", request_id, outputs, params or {})
+
+
+def asked(*outputs, **params):
+    from gt_serve.types import InferRequest, RequestedOutput
+    req = InferRequest("m", "1", "", [], [RequestedOutput(n, p) for n, p in outputs] if outputs else None, params)
+    return req
+
+
+def joined(parts) -> bytes:
+    return b"".join(bytes(p) for p in parts)
+
+
+def test_a_binary_answer_is_encoded_once_per_shape_and_request():
+    from gt_serve.protocol.http_infer import encode_response
+    from gt_serve.types import Tensor
+    answers = AnswerTemplates()
+    rng = np.random.default_rng(1)
+    req = asked(("A", {"binary_data": True}), ("B", {"binary_data": True}))
+    for i in range(4):
+        outs = [Tensor("A", "FP32", (2, 3), rng.standard_normal((2, 3)).astype(np.float32)),
+                Tensor("B", "INT64", (2,), np.arange(2, dtype=np.int64) + i)]
+        parts, headers = answers.encode(answer(outs), req)
+        want, json_bytes = encode_response(answer(outs), req)
+        assert joined(parts) == joined(want)
+        assert headers == {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(json_bytes)}
+    assert answers.hits == 3
+    outs = [Tensor("A", "FP32", (1, 3), np.ones((1, 3), np.float32)), Tensor("B", "INT64", (1,), np.ones(1, np.int64))]
+    parts, headers = answers.encode(answer(outs), req)  # another shape: another JSON part
+    assert joined(parts) == joined(encode_response(answer(outs), req)[0]) and answers.hits == 3
+    parts, _ = answers.encode(answer(outs, request_id="r7"), req)  # the id is in the JSON part
+    assert joined(parts) == joined(encode_response(answer(outs, request_id="r7"), req)[0]) and answers.hits == 3
+
+
+@pytest.mark.parametrize("case", ["json_data", "bytes", "shm", "answer_params", "one_json_output"])
+def test_answers_that_are_not_kept(case):
+    from gt_serve.protocol.http_infer import encode_response
+    from gt_serve.types import Tensor
+    answers = AnswerTemplates()
+    req = asked(("A", {"binary_data": True}))
+    resp_params = None
+    if case == "json_data":
+        req = asked(("A", {}))
+        outs = lambda i: [Tensor("A", "FP32", (2,), np.arange(2, dtype=np.float32) + i)]  # noqa: E731
+    elif case == "bytes":
+        outs = lambda i: [Tensor("A", "BYTES", (1,), np.array([b"x%d" % i], dtype=object))]  # noqa: E731
+    elif case == "shm":
+        outs = lambda i: [Tensor("A", "FP32", (2,), None, {"shared_memory_region": "r"})]  # noqa: E731
+    elif case == "answer_params":
+        resp_params = {"sequence_id": 3}
+        outs = lambda i: [Tensor("A", "FP32", (2,), np.arange(2, dtype=np.float32) + i)]  # noqa: E731
+    else:
+        req = asked(("A", {"binary_data": True}), ("B", {"binary_data": False}))
+        outs = lambda i: [Tensor("A", "FP32", (2,), np.zeros(2, np.float32)),  # noqa: E731
+                          Tensor("B", "FP32", (2,), np.arange(2, dtype=np.float32) + i)]
+    for i in range(3):
+        parts, _ = answers.encode(answer(outs(i), params=resp_params), req)
+        assert joined(parts) == joined(encode_response(answer(outs(i), params=resp_params), req)[0])
+    assert answers.hits == 0
+
+
+def test_binary_data_output_and_empty_outputs():
+    from gt_serve.protocol.http_infer import encode_response
+    from gt_serve.types import Tensor
+    answers = AnswerTemplates()
+    req = asked(binary_data_output=True)
+    for i in range(3):
+        outs = [Tensor("E", "FP32", (0, 4), np.zeros((0, 4), np.float32)),
+                Tensor("A", "INT32", (3,), np.arange(3, dtype=np.int32) * i)]
+        parts, headers = answers.encode(answer(outs), req)
+        assert joined(parts) == joined(encode_response(answer(outs), req)[0]) and len(parts) == 2
+    assert answers.hits == 2
+    parts, headers = answers.encode(answer(outs), asked())  # the default is JSON data: another key, not kept
+    assert headers == {"Content-Type": "application/json"} and answers.hits == 2
