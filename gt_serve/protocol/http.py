@@ -297,14 +297,14 @@ class HttpFrontEnd:
         return decode(*args)
 
     def _encode(self, req: Request, infer_req, resp) -> Response:
-        parts, out_headers = self._answers.encode(resp, infer_req)  # out_headers may be shared: copied to change
+        parts, out_headers, heads = self._answers.encode(resp, infer_req)  # out_headers may be shared: copy to change
         accept = req.headers.get("accept-encoding")
         if accept:
             encoding = http_infer.choose_encoding(accept)
             if encoding and sum(len(p) if not isinstance(p, memoryview) else p.nbytes for p in parts) >= \
                     self._compress_min_bytes:
                 return Response(200, http_infer.compress(parts, encoding), {**out_headers, "Content-Encoding": encoding})
-        return Response(200, parts if len(parts) > 1 else parts[0], out_headers)
+        return Response(200, parts if len(parts) > 1 else parts[0], out_headers, heads)
 
 
 def _load_parameters(name: str, params: dict) -> dict:

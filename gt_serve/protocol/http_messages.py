@@ -33,14 +33,18 @@ class Request:
 
 
 class Response:
-    """`body` is bytes-like, or a list of bytes-like parts written back to back (no join)."""
+    """`body` is bytes-like, or a list of bytes-like parts written back to back (no join). `heads`: a dict shared by
+    responses that repeat their status and headers, in which the server keeps their encoded heads (by keep-alive,
+    HTTP version and length) instead of encoding each one."""
 
-    __slots__ = ("status", "body", "headers")
+    __slots__ = ("status", "body", "headers", "heads")
 
-    def __init__(self, status: int = 200, body=b"", headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int = 200, body=b"", headers: dict[str, str] | None = None,
+                 heads: dict | None = None) -> None:
         self.status = status
         self.body = body
         self.headers = headers
+        self.heads = heads
 
 
 def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:

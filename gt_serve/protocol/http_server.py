@@ -208,7 +208,14 @@ class _Connection(RequestParsing, asyncio.Protocol):
         body = resp.body
         parts = body if isinstance(body, list) else [body]
         length = sum(map(part_nbytes, parts))
-        head = response_head(resp.status, resp.headers, keep_alive, version, length)
+        heads = resp.heads
+        if heads is None:
+            head = response_head(resp.status, resp.headers, keep_alive, version, length)
+        else:
+            key = (keep_alive, version, length)
+            head = heads.get(key)
+            if head is None:
+                head = heads[key] = response_head(resp.status, resp.headers, keep_alive, version, length)
         if head_only or not length:
             transport.write(head)
         elif length <= 65536:

@@ -99,27 +99,31 @@ class AnswerTemplates:
 
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = capacity
-        self._answers: dict[tuple, tuple[bytes, dict]] = {}
+        self._answers: dict[tuple, tuple[bytes, dict, dict]] = {}
         self.hits = 0
 
-    def encode(self, resp: InferResponse, req: InferRequest) -> tuple[list, dict]:
-        """(body parts: the JSON part, then the binary blobs; the response headers, shared: copy to change)."""
+    def encode(self, resp: InferResponse, req: InferRequest) -> tuple[list, dict, dict | None]:
+        """(body parts: the JSON part, then the binary blobs; the response headers, shared: copy to change; the
+        `Response.heads` dict of the answers alike, or None)."""
         key = self._key(resp, req)
         if key is not None:
             known = self._answers.get(key)
             if known is not None:
                 self.hits += 1
-                head, headers = known
-                return [head, *[raw_from_array(t.data, t.datatype) for t in resp.outputs if t.data.size]], headers
+                json_part, headers, heads = known
+                return [json_part, *[raw_from_array(t.data, t.datatype) for t in resp.outputs if t.data.size]], \
+                    headers, heads
         parts, json_bytes = encode_response(resp, req)
         if json_bytes is None:
-            return parts, {"Content-Type": "application/json"}
+            return parts, {"Content-Type": "application/json"}, None
         headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(json_bytes)}
-        if key is not None and len(parts) - 1 == sum(1 for t in resp.outputs if t.data.size):  # all binary
-            if len(self._answers) >= self.capacity:
-                self._answers.clear()
-            self._answers[key] = (parts[0], headers)
-        return parts, headers
+        if key is None or len(parts) - 1 != sum(1 for t in resp.outputs if t.data.size):  # not all binary
+            return parts, headers, None
+        if len(self._answers) >= self.capacity:
+            self._answers.clear()
+        heads: dict = {}
+        self._answers[key] = (parts[0], headers, heads)
+        return parts, headers, heads
 
     @staticmethod
     def _key(resp: InferResponse, req: InferRequest) -> tuple | None:

@@ -18,6 +18,7 @@ class Echo:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.heads: dict = {}
         self.release = asyncio.Event()
         self.entered = asyncio.Event()
 
@@ -28,6 +29,8 @@ class Echo:
             await self.release.wait()
         if req.path == "/boom":
             raise RuntimeError("boom")
+        if req.path == "/shared":  # answers alike: their heads kept in one dict
+            return Response(200, req.body or b"same", {"X-Kind": "shared"}, self.heads)
         if req.path == "/big":
             return Response(200, [b"x" * 100_000, memoryview(b"y" * 100_000)], {"Content-Type": "text/plain"})
         doc = {"method": req.method, "path": req.path, "query": req.query_string, "body_len": len(req.body),
@@ -92,6 +95,21 @@ async def test_header_names_case_insensitive_and_repeats_joined_in_order(served)
         expected = {"X-Test: a\r\nx-test: b\r\nX-TEST: c\r\n": "a, b, c", "X-tEsT: only\r\n": "only", "": None}[head]
         assert status == 200 and json.loads(body)["x"] == expected
     w.close()
+
+
+@pytest.mark.asyncio
+async def test_responses_sharing_a_heads_dict_get_the_head_of_each_connection_and_length(served):
+    server, handler = served
+    r, w = await connect(server)
+    for body in (b"", b"", b"four"):
+        w.write(f"POST /shared HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        status, headers, got = await read_response(r)
+        assert (status, headers.get("x-kind"), "connection" in headers, got) == (200, "shared", False, body or b"same")
+    w.write(b"GET /shared HTTP/1.0\r\n\r\n")
+    status, headers, got = await read_response(r)
+    assert (status, headers["connection"], got) == (200, "close", b"same")
+    await assert_closed(r)
+    assert sorted(handler.heads) == [(False, "1.0", 4), (True, "1.1", 4)]  # one head per kind, reused
 
 
 @pytest.mark.asyncio

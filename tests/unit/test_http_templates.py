@@ -146,15 +146,15 @@ def test_a_binary_answer_is_encoded_once_per_shape_and_request():
     for i in range(4):
         outs = [Tensor("A", "FP32", (2, 3), rng.standard_normal((2, 3)).astype(np.float32)),
                 Tensor("B", "INT64", (2,), np.arange(2, dtype=np.int64) + i)]
-        parts, headers = answers.encode(answer(outs), req)
+        parts, headers, _ = answers.encode(answer(outs), req)
         want, json_bytes = encode_response(answer(outs), req)
         assert joined(parts) == joined(want)
         assert headers == {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(json_bytes)}
     assert answers.hits == 3
     outs = [Tensor("A", "FP32", (1, 3), np.ones((1, 3), np.float32)), Tensor("B", "INT64", (1,), np.ones(1, np.int64))]
-    parts, headers = answers.encode(answer(outs), req)  # another shape: another JSON part
+    parts, headers, _ = answers.encode(answer(outs), req)  # another shape: another JSON part
     assert joined(parts) == joined(encode_response(answer(outs), req)[0]) and answers.hits == 3
-    parts, _ = answers.encode(answer(outs, request_id="r7"), req)  # the id is in the JSON part
+    parts, _, _ = answers.encode(answer(outs, request_id="r7"), req)  # the id is in the JSON part
     assert joined(parts) == joined(encode_response(answer(outs, request_id="r7"), req)[0]) and answers.hits == 3
 
 
@@ -180,7 +180,7 @@ def test_answers_that_are_not_kept(case):
         outs = lambda i: [Tensor("A", "FP32", (2,), np.zeros(2, np.float32)),  # noqa: E731
                           Tensor("B", "FP32", (2,), np.arange(2, dtype=np.float32) + i)]
     for i in range(3):
-        parts, _ = answers.encode(answer(outs(i), params=resp_params), req)
+        parts, _, _ = answers.encode(answer(outs(i), params=resp_params), req)
         assert joined(parts) == joined(encode_response(answer(outs(i), params=resp_params), req)[0])
     assert answers.hits == 0
 
@@ -193,8 +193,8 @@ def test_binary_data_output_and_empty_outputs():
     for i in range(3):
         outs = [Tensor("E", "FP32", (0, 4), np.zeros((0, 4), np.float32)),
                 Tensor("A", "INT32", (3,), np.arange(3, dtype=np.int32) * i)]
-        parts, headers = answers.encode(answer(outs), req)
+        parts, headers, _ = answers.encode(answer(outs), req)
         assert joined(parts) == joined(encode_response(answer(outs), req)[0]) and len(parts) == 2
     assert answers.hits == 2
-    parts, headers = answers.encode(answer(outs), asked())  # the default is JSON data: another key, not kept
-    assert headers == {"Content-Type": "application/json"} and answers.hits == 2
+    parts, headers, heads = answers.encode(answer(outs), asked())  # the default is JSON data: another key, not kept
+    assert headers == {"Content-Type": "application/json"} and heads is None and answers.hits == 2
