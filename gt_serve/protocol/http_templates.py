@@ -135,6 +135,11 @@ class AnswerTemplates:
                 return None
             outputs.append((t.name, t.datatype, t.shape))
         params = req.parameters
-        asked = tuple((o.name, o.parameters.get("binary_data")) for o in req.outputs) if req.outputs else None
+        # as encode_response reads them: a flag's truth, whatever JSON value carries it (a list is not hashable)
+        asked = tuple((o.name, _flag(o.parameters.get("binary_data"))) for o in req.outputs) if req.outputs else None
         return (resp.model_name, resp.model_version, resp.id, tuple(outputs), asked,
                 bool(params.get("binary_data_output", False)) if params else False)
+
+
+def _flag(value) -> bool | None:
+    return None if value is None else bool(value)

@@ -198,3 +198,15 @@ def test_binary_data_output_and_empty_outputs():
     assert answers.hits == 2
     parts, headers, heads = answers.encode(answer(outs), asked())  # the default is JSON data: another key, not kept
     assert headers == {"Content-Type": "application/json"} and heads is None and answers.hits == 2
+
+
+def test_any_json_value_as_a_binary_data_flag_is_read_as_its_truth():
+    from gt_serve.protocol.http_infer import encode_response
+    from gt_serve.types import Tensor
+    answers = AnswerTemplates()
+    outs = [Tensor("A", "FP32", (2,), np.arange(2, dtype=np.float32))]
+    for flag in ([1], {"x": 1}, "yes", 1, [], 0):
+        req = asked(("A", {"binary_data": flag}))
+        parts, _, _ = answers.encode(answer(outs), req)
+        assert joined(parts) == joined(encode_response(answer(outs), req)[0])
+    assert answers.hits == 3  # [1], {"x": 1}, "yes" and 1 all mean binary: one key
