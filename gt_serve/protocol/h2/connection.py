@@ -78,7 +78,7 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
         self._loop: asyncio.AbstractEventLoop = server.loop
         self._limits: H2Limits = server.limits
         self._transport: asyncio.Transport | None = None
-        self._outbox: list = []  # frames written this turn of the loop, sent together (output.StreamOutput._write)
+        self._outbox: list = []  # response frames of this loop turn, sent together (StreamOutput._write_soon)
         self._buf = bytearray()
         self._state = _AWAIT_PREFACE
         self.streams: dict[int, H2Stream] = {}
