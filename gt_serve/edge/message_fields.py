@@ -69,19 +69,22 @@ def endpoint_field(value: object, where: str) -> str:
     return text
 
 
-def int_field(obj: dict, key: str, where: str, default: object = _MISSING) -> int:
+def _present(obj: dict, key: str, where: str, default: object) -> object:
     value = obj.get(key, default)
     if value is _MISSING:
         raise MessageError(f"{where}.{key} is required")
+    return value
+
+
+def int_field(obj: dict, key: str, where: str, default: object = _MISSING) -> int:
+    value = _present(obj, key, where, default)
     if type(value) is not int or not 0 <= value <= MAX_INT:
         raise MessageError(f"{where}.{key} must be an integer within [0, 2**63)")
     return value
 
 
 def num_field(obj: dict, key: str, where: str, default: object = _MISSING) -> float:
-    value = obj.get(key, default)
-    if value is _MISSING:
-        raise MessageError(f"{where}.{key} is required")
+    value = _present(obj, key, where, default)
     if type(value) not in (int, float) or not 0 <= value <= MAX_FLOAT:
         raise MessageError(f"{where}.{key} must be a finite number within [0, 1e18]")
     return float(value)

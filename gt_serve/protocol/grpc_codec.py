@@ -14,9 +14,8 @@ from tritonclient.grpc import service_pb2 as pb
 from ..errors import InvalidArgument, InvalidInput
 from ..types import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..v2_params import fill_params, params_from_proto
-from .codec import array_from_raw, numpy_dtype, serialize_bytes
+from .codec import SHM_REGION, array_from_raw, numpy_dtype, serialize_bytes
 
-_SHM_REGION = "shared_memory_region"
 
 # numpy kind -> the widest dtype of the typed contents field that carries it
 _WIDE = {"b": np.bool_, "i": np.int64, "u": np.uint64, "f": np.float64}
@@ -95,7 +94,7 @@ def request_from_proto(msg: pb.ModelInferRequest, time_remaining_s: float | None
         datatype = tensor.datatype
         shape = _shape(name, tensor.shape)
         params = params_from_proto(tensor.parameters)
-        if _SHM_REGION in params:
+        if SHM_REGION in params:
             data = None
         elif n_raw:
             if tensor.HasField("contents"):

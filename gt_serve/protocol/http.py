@@ -20,7 +20,7 @@ from ..core.model_config import model_config_json
 from ..errors import GtServeError, InvalidArgument, MethodNotAllowed, NotFound, NotReady, Unauthenticated
 from ..tls import TlsFiles, server_context
 from . import http_infer
-from .http_messages import Request, Response, json_error
+from .http_messages import Request, Response, json_error, part_nbytes
 from .http_server import HttpServer
 from .http_templates import AnswerTemplates, RequestTemplates
 from .status import http_headers, http_status
@@ -301,8 +301,7 @@ class HttpFrontEnd:
         accept = req.headers.get("accept-encoding")
         if accept:
             encoding = http_infer.choose_encoding(accept)
-            if encoding and sum(len(p) if not isinstance(p, memoryview) else p.nbytes for p in parts) >= \
-                    self._compress_min_bytes:
+            if encoding and sum(map(part_nbytes, parts)) >= self._compress_min_bytes:
                 return Response(200, http_infer.compress(parts, encoding), {**out_headers, "Content-Encoding": encoding})
         return Response(200, parts if len(parts) > 1 else parts[0], out_headers, heads)
 

@@ -22,6 +22,8 @@ import orjson
 from ..errors import InvalidArgument, InvalidInput, PayloadTooLarge
 from ..types import InferRequest, InferResponse, RequestedOutput, Tensor
 from .codec import (
+    BINARY_DATA_SIZE,
+    SHM_REGION,
     DataSpans,
     array_from_json_span,
     array_from_list,
@@ -35,8 +37,6 @@ from .codec import (
     raw_from_array,
 )
 
-_SHM_REGION = "shared_memory_region"
-_BINARY_SIZE = "binary_data_size"
 _JSON_NUMPY = orjson.OPT_SERIALIZE_NUMPY
 # dtypes orjson serialises natively (OPT_SERIALIZE_NUMPY); others go through list_from_array
 _ORJSON_KINDS = frozenset("biuf")
@@ -132,12 +132,12 @@ def _decode_input(item, blobs, offset: int, spans: DataSpans | None) -> tuple[Te
         raise InvalidArgument(f"input '{name}' has no 'shape'")
     shape = check_shape(name, item["shape"])
     params = _params(item, f"input '{name}'")
-    if _SHM_REGION in params:
-        if "data" in item or _BINARY_SIZE in params:
+    if SHM_REGION in params:
+        if "data" in item or BINARY_DATA_SIZE in params:
             raise InvalidArgument(f"input '{name}' is in shared memory and must not carry data")
         numpy_dtype(datatype)
         return Tensor(name, datatype, shape, None, params), offset
-    size = params.get(_BINARY_SIZE)
+    size = params.get(BINARY_DATA_SIZE)
     if size is not None:
         if blobs is None:
             raise InvalidArgument(
@@ -257,7 +257,7 @@ def encode_response(resp: InferResponse, req: InferRequest) -> tuple[list, int |
             # (datatypes.raw_from_array cannot memoryview-cast an empty multi-dim array)
             raw = raw_from_array(array, tensor.datatype) if array.size else b""
             size = raw.nbytes if isinstance(raw, memoryview) else len(raw)
-            out["parameters"] = {**params, _BINARY_SIZE: size} if params else {_BINARY_SIZE: size}
+            out["parameters"] = {**params, BINARY_DATA_SIZE: size} if params else {BINARY_DATA_SIZE: size}
             if size:
                 blobs.append(raw)
         else:

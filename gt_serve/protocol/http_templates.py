@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..datatypes import numpy_dtype, raw_from_array
 from ..types import InferRequest, InferResponse, Tensor
+from .codec import BINARY_DATA_SIZE, SHM_REGION, numpy_dtype, raw_from_array
 from .http_infer import decode_request, encode_response
-
-_BINARY_SIZE = "binary_data_size"
-_SHM_REGION = "shared_memory_region"
 
 
 class _Skeleton:
@@ -80,9 +77,9 @@ class RequestTemplates:
         offset = 0
         for t in request.inputs:
             params = t.parameters
-            if t.data is None or t.datatype == "BYTES" or _SHM_REGION in params or _BINARY_SIZE not in params:
+            if t.data is None or t.datatype == "BYTES" or SHM_REGION in params or BINARY_DATA_SIZE not in params:
                 return
-            size = params[_BINARY_SIZE]
+            size = params[BINARY_DATA_SIZE]
             inputs.append((t.name, t.datatype, t.shape, params, numpy_dtype(t.datatype), t.data.size, offset))
             offset += size
         if offset != binary_bytes:
