@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.container.conftest import run_container, wait_until
-from tests.integration.test_k8s_runtime import broken_model, relu_chain, simple_model
+from tests.integration.test_k8s_runtime import broken_model, simple_model, slow_model
 
 pytestmark = pytest.mark.container
 
@@ -98,7 +98,7 @@ def test_probes_live_early_ready_after_load_and_drain_in_the_grace_period(docker
     startup, readiness = container["startupProbe"], container["readinessProbe"]
     repo = tmp_path / "repo"
     simple_model(repo)
-    relu_chain(repo / "slow" / "1" / "model.onnx", 800)  # ~1 s of onnxruntime optimisation per session
+    slow_model(repo)  # ~2 s of warmup before it is READY
     with start_pod(docker_available, gt_image, repo) as pod:
         address = pod.address(port)
         # the startup probe passes while the models still load: the listeners open first
