@@ -41,6 +41,10 @@ class InferRequest:
     priority: int = 0
     # forwarding hop count (edge cluster); never forwarded past the limit
     hops: int = 0
+    # set by a front end to one object for all requests that differ only in their input data (same inputs' names,
+    # datatypes, shapes and parameters, all in memory, none BYTES; same requested outputs): the data plane checks
+    # such a form once per loaded model (core/request_checks.check_request). None: checked every time
+    form: Any = None
 
 
 @dataclass(slots=True)

@@ -49,7 +49,7 @@ from .model_control import ModelControl, Readiness
 from .outputs import make_outputs
 from .pipeline import Pipeline, PipelineSet
 from .registry import READY, LoadedModel, ModelRegistry
-from .request_checks import check_inputs, check_outputs
+from .request_checks import check_inputs, check_outputs, check_request
 from .response_cache import ResponseCache, serve_cached
 from .shared_memory import CudaSharedMemory, SystemSharedMemory
 from .trace_context import RequestTrace
@@ -157,8 +157,7 @@ class DataPlane:
         if model.state != READY:
             raise Unavailable(f"model '{model.name}' version {model.version} is not ready ({model.state})")
         try:
-            feeds, batch_size, shape_key = check_inputs(model, request, self._shm, self._max_batch_size)
-            requested = check_outputs(model, request.outputs, self._shm)
+            feeds, batch_size, shape_key, requested = check_request(model, request, self._shm, self._max_batch_size)
             deadline_s = request.deadline_s
             if deadline_s is None and self._default_timeout_s > 0:
                 deadline_s = time.monotonic() + self._default_timeout_s

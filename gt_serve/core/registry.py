@@ -41,6 +41,9 @@ class LoadedModel:
     state: str = LOADING
     reason: str = ""
     ensemble: EnsemblePlan | None = None  # an ensemble (core/ensemble.py): no executor, its steps run
+    # request forms (InferRequest.form) this version has accepted: {form: (batch size, shape key, outputs)}; not
+    # copied by dataclasses.replace, so a new version or a reload starts empty (core/request_checks.check_request)
+    checked_forms: dict = field(default_factory=dict, init=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
 check_inputs: names, datatypes, shapes, batch size (the model's and the server's limit), UTF-8 of
 BYTES, and shared-memory inputs read from their region; returns what the executor takes.
 check_outputs: requested output names, `classification`, and output regions (checked, not written).
+check_request: both, once per request form (InferRequest.form) and loaded model when the form's outputs name
+no shared-memory region: a later request of that form is not checked again (its data is all that differs).
 Every failure is an InvalidArgument naming the tensor and the model.
 """
 from __future__ import annotations
@@ -14,6 +16,31 @@ from ..errors import InvalidArgument
 from ..types import InferRequest, RequestedOutput, Tensor
 from .registry import LoadedModel
 from .shared_memory import SystemSharedMemory
+
+
+MAX_CHECKED_FORMS = 256  # per loaded model; a full table starts over
+
+
+def check_request(model: LoadedModel, request: InferRequest, shm: SystemSharedMemory,
+                  max_batch_size: int) -> tuple[dict, int, tuple, list[RequestedOutput] | None]:
+    """(feeds by input name, batch size, shape key, requested outputs): check_inputs and check_outputs, or what
+    they returned for an earlier request of the same form on this model."""
+    form = request.form
+    if form is not None:
+        checked = model.checked_forms.get(form)
+        if checked is not None:
+            batch_size, shape_key, requested = checked
+            return {t.name: t.data for t in request.inputs}, batch_size, shape_key, \
+                None if requested is None else list(requested)
+    feeds, batch_size, shape_key = check_inputs(model, request, shm, max_batch_size)
+    requested = check_outputs(model, request.outputs, shm)
+    if form is not None and (requested is None or not any(o.parameters.get("shared_memory_region")
+                                                          for o in requested)):
+        forms = model.checked_forms
+        if len(forms) >= MAX_CHECKED_FORMS:
+            forms.clear()
+        forms[form] = (batch_size, shape_key, None if requested is None else tuple(requested))
+    return feeds, batch_size, shape_key, requested
 
 
 def check_inputs(model: LoadedModel, request: InferRequest, shm: SystemSharedMemory,

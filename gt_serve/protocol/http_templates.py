@@ -10,8 +10,8 @@ no per-field checks, which were ~10 µs of the ~80 µs of Python a small request
 Anything else, or a body whose binary part has another length, takes the full path, which names
 what is wrong. Bounded: a full table starts over.
 
-The skeleton's per-tensor parameter dicts and requested outputs are shared by the requests made
-from it and are read-only downstream; each request gets its own `parameters` dict and lists.
+The skeletons themselves and their table are protocol/request_forms.py, shared with the gRPC templates
+(protocol/grpc_templates.py); a skeleton is its requests' `form`, which the data plane checks once per model.
 
 Answers the same way (`AnswerTemplates`): when every output that holds data goes back binary, the JSON part of
 the answer is a function of the model, version, id, the outputs' names, datatypes and shapes and what the
@@ -20,75 +20,43 @@ headers with it; an answer then costs its outputs' raw views.
 """
 from __future__ import annotations
 
-import numpy as np
-
-from ..types import InferRequest, InferResponse, Tensor
-from .codec import BINARY_DATA_SIZE, SHM_REGION, numpy_dtype, raw_from_array
+from ..types import InferRequest, InferResponse
+from .codec import BINARY_DATA_SIZE, raw_from_array
 from .http_infer import decode_request, encode_response
-
-
-class _Skeleton:
-    __slots__ = ("inputs", "outputs", "params", "request_id", "priority", "binary_bytes")
-
-    def __init__(self, inputs: list, outputs, params: dict, request_id: str, priority: int,
-                 binary_bytes: int) -> None:
-        self.inputs = inputs  # (name, datatype, shape, parameters, numpy dtype, element count, offset)
-        self.outputs = outputs
-        self.params = params
-        self.request_id = request_id
-        self.priority = priority
-        self.binary_bytes = binary_bytes
+from .request_forms import SkeletonTable
 
 
 class RequestTemplates:
-    """One front end's table of skeletons (touched on the event loop only)."""
+    """One front end's table of skeletons (touched on the event loop only), keyed by the JSON part."""
 
     def __init__(self, capacity: int = 256, max_json_bytes: int = 4096) -> None:
-        self.capacity = capacity
         self.max_json_bytes = max_json_bytes
-        self._skeletons: dict[bytes, _Skeleton] = {}
-        self.hits = 0
+        self._table = SkeletonTable(capacity)
+
+    @property
+    def hits(self) -> int:
+        return self._table.hits
 
     def decode(self, model_name: str, version: str, body, header_length: int | None) -> InferRequest:
         """As http_infer.decode_request (same result, same errors)."""
         if header_length is None or header_length > self.max_json_bytes:
             return decode_request(model_name, version, body, header_length)
         key = bytes(body[:header_length])
-        skeleton = self._skeletons.get(key)
-        if skeleton is None or len(body) - header_length != skeleton.binary_bytes:
+        skeleton = self._table.get(key)
+        if skeleton is None or len(body) - header_length != skeleton.total:
             request = decode_request(model_name, version, body, header_length)
             if skeleton is None:
                 self._learn(key, request, len(body) - header_length)
             return request
-        self.hits += 1
-        base = header_length
-        inputs = [Tensor(name, datatype, shape, np.frombuffer(body, dtype, count, base + offset).reshape(shape), params)
-                  for name, datatype, shape, params, dtype, count, offset in skeleton.inputs]
-        outputs = skeleton.outputs
-        request = InferRequest(model_name, version, skeleton.request_id, inputs,
-                               None if outputs is None else list(outputs), dict(skeleton.params) if skeleton.params else {})
-        request.priority = skeleton.priority
-        return request
+        self._table.hits += 1
+        return skeleton.request(model_name, version, body, [header_length + o for o in skeleton.offsets])
 
     def _learn(self, key: bytes, request: InferRequest, binary_bytes: int) -> None:
-        if request.deadline_s is not None:  # a timeout is relative to each request's arrival
+        if request.deadline_s is not None:  # a timeout counts from each request's arrival
             return
-        inputs = []
-        offset = 0
-        for t in request.inputs:
-            params = t.parameters
-            if t.data is None or t.datatype == "BYTES" or SHM_REGION in params or BINARY_DATA_SIZE not in params:
-                return
-            size = params[BINARY_DATA_SIZE]
-            inputs.append((t.name, t.datatype, t.shape, params, numpy_dtype(t.datatype), t.data.size, offset))
-            offset += size
-        if offset != binary_bytes:
-            return
-        if len(self._skeletons) >= self.capacity:
-            self._skeletons.clear()
-        outputs = None if request.outputs is None else list(request.outputs)  # not the first request's own list
-        self._skeletons[key] = _Skeleton(inputs, outputs, dict(request.parameters), request.id, request.priority,
-                                         binary_bytes)
+        sizes = [t.parameters.get(BINARY_DATA_SIZE) for t in request.inputs]  # binary inputs follow each other
+        if None not in sizes and sum(sizes) == binary_bytes:
+            self._table.learn(key, request, sizes)
 
 
 class AnswerTemplates:

@@ -207,6 +207,36 @@ async def test_bad_requests_are_typed_errors_naming_the_problem_and_count_as_fai
         await plane.infer(InferRequest("fixed", inputs=[Tensor("INPUT", "FP32", (4,), np.zeros(4, np.float32))]))
 
 
+@pytest.mark.asyncio
+async def test_a_request_form_is_checked_once_per_loaded_model(tmp_path):
+    plane, registry, _ = await make_plane(tmp_path, load=("scaled",))
+    form = object()  # what a front end's request skeleton is: one object per form
+    wanted = [RequestedOutput("OUTPUT")]
+    first = await plane.infer(request(batch=2, outputs=list(wanted), form=form))
+    model = registry.get("scaled")
+    assert set(model.checked_forms) == {form}
+    # a later request of the form runs without its checks, with its own data, outputs and shape key
+    later = request(batch=2, outputs=list(wanted), form=form)
+    later.inputs[0].data = later.inputs[0].data + 1
+    resp = await plane.infer(later)
+    np.testing.assert_array_equal(resp.outputs[0].data, (first.outputs[0].data / 2 + 1) * 2)
+    assert [c[:2] for c in model.executor.calls] == [(2, ((4,),)), (2, ((4,),))]
+    # a reloaded model is a new version object: its forms start empty, and a bad form is never kept
+    await plane.unload_model("scaled")
+    await plane.load_model("scaled", {})
+    assert registry.get("scaled").checked_forms == {}
+    bad = object()
+    for _ in range(2):
+        with pytest.raises(InvalidArgument, match="unexpected inference output 'NOPE'"):
+            await plane.infer(request(outputs=[RequestedOutput("NOPE")], form=bad))
+    assert bad not in registry.get("scaled").checked_forms
+    # an output written to shared memory is checked every time (its region may be unregistered in between)
+    shm_out = RequestedOutput("OUTPUT", {"shared_memory_region": "r0", "shared_memory_byte_size": 16})
+    with pytest.raises(InvalidArgument, match="r0"):
+        await plane.infer(request(outputs=[shm_out], form=object()))
+    assert registry.get("scaled").checked_forms == {}
+
+
 def test_invalid_input_names_the_input_once():
     named = InvalidInput("x", "bad data")
     assert named.message == "input 'x': bad data" and named.input_name == "x"

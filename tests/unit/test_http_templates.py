@@ -36,6 +36,7 @@ def test_repeated_json_part_decoded_once_with_each_requests_own_data():
     templates = RequestTemplates()
     rng = np.random.default_rng(0)
     extra = {"outputs": [{"name": "OUT", "parameters": {"binary_data": True}}], "parameters": {"priority": 2, "k": 1}}
+    forms = []
     for i in range(5):
         a = rng.standard_normal((2, 3)).astype(np.float32)
         b = np.arange(4, dtype=np.int64).reshape(1, 4) + i
@@ -44,7 +45,10 @@ def test_repeated_json_part_decoded_once_with_each_requests_own_data():
         same(got, decode_request("m", "1", body, n))
         assert np.array_equal(got.inputs[0].data, a) and np.array_equal(got.inputs[1].data, b)
         assert got.priority == 2 and got.parameters == {"k": 1}
+        forms.append(got.form)
     assert templates.hits == 4  # the first one was learned
+    # the requests made from the skeleton share one form, which the data plane checks once per model
+    assert forms[0] is None and forms[1] is not None and all(f is forms[1] for f in forms[1:])
 
 
 def test_each_request_gets_its_own_parameters_and_output_list():

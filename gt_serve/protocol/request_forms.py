@@ -1,0 +1,86 @@
+"""Request skeletons, shared by the HTTP and gRPC request templates: what stays the same between requests whose
+encoded text, apart from the input data, is byte-for-byte the same.
+
+A client sends the same request over and over with new data (perf_analyzer, tritonclient with fixed shapes:
+the same names, datatypes, shapes, data sizes and requested outputs). The first such request is decoded and
+checked in full by the front end's own decoder. When every input holds fixed-size data in the message (not
+BYTES, not in shared memory) and the request sets no timeout of its own, its `Skeleton` is kept under the
+encoded text that is not data (the key is the front end's: the JSON part of an HTTP request, the fields before
+`raw_input_contents` of a gRPC one), and a later request with that key only wraps its data as arrays.
+
+A skeleton's per-tensor parameter dicts and requested outputs are shared by the requests made from it and are
+read-only downstream; each request gets its own `parameters` dict and lists. The skeleton is the requests'
+`form` (types.InferRequest.form): the data plane checks a form once per model.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..types import InferRequest, Tensor
+from .codec import SHM_REGION, numpy_dtype
+
+
+class Skeleton:
+    __slots__ = ("model_name", "version", "inputs", "outputs", "params", "request_id", "priority", "sizes", "offsets",
+                 "total")
+
+    def __init__(self, request: InferRequest, inputs: list, sizes: tuple[int, ...]) -> None:
+        self.model_name = request.model_name
+        self.version = request.model_version
+        self.inputs = inputs  # (name, datatype, shape, parameters, numpy dtype, element count)
+        self.outputs = None if request.outputs is None else list(request.outputs)  # not the first request's list
+        self.params = dict(request.parameters)
+        self.request_id = request.id
+        self.priority = request.priority
+        self.sizes = sizes  # each input's data size in bytes, in order
+        self.offsets = tuple(sum(sizes[:i]) for i in range(len(sizes)))  # where each lies when they follow each other
+        self.total = sum(sizes)
+
+    def request(self, model_name: str, version: str, buffer: Any, starts: Sequence[int]) -> InferRequest:
+        """A request of this form for `model_name` / `version` whose inputs' data lie in `buffer` at `starts`
+        (in input order)."""
+        inputs = [Tensor(name, datatype, shape, np.frombuffer(buffer, dtype, count, start).reshape(shape), params)
+                  for (name, datatype, shape, params, dtype, count), start in zip(self.inputs, starts)]
+        outputs = self.outputs
+        request = InferRequest(model_name, version, self.request_id, inputs,
+                               None if outputs is None else list(outputs), dict(self.params) if self.params else {})
+        request.priority = self.priority
+        request.form = self  # the data plane checks this form once per model
+        return request
+
+
+def skeleton_of(request: InferRequest, sizes: Sequence[int]) -> Skeleton | None:
+    """The skeleton of a fully decoded request whose inputs' data sizes are `sizes`, or None when its form
+    cannot be reused (an input without data in the message, BYTES, shared memory). The caller keeps requests
+    with a timeout of their own out: a deadline is each request's own."""
+    if len(sizes) != len(request.inputs):
+        return None
+    inputs = []
+    for t, size in zip(request.inputs, sizes):
+        params = t.parameters
+        if t.data is None or t.datatype == "BYTES" or SHM_REGION in params or t.data.nbytes != size:
+            return None
+        inputs.append((t.name, t.datatype, t.shape, params, numpy_dtype(t.datatype), t.data.size))
+    return Skeleton(request, inputs, tuple(sizes))
+
+
+class SkeletonTable:
+    """A bounded table of skeletons by key (touched on the event loop only): a full table starts over."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.capacity = capacity
+        self._skeletons: dict[bytes, Skeleton] = {}
+        self.hits = 0
+
+    def get(self, key: bytes) -> Skeleton | None:
+        return self._skeletons.get(key)
+
+    def learn(self, key: bytes, request: InferRequest, sizes: Sequence[int]) -> None:
+        skeleton = skeleton_of(request, sizes)
+        if skeleton is None:
+            return
+        if len(self._skeletons) >= self.capacity:
+            self._skeletons.clear()
+        self._skeletons[key] = skeleton
