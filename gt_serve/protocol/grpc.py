@@ -32,6 +32,7 @@ from .grpc_codec import (
     response_to_proto,
     shm_status_to_proto,
 )
+from .grpc_templates import GrpcAnswerTemplates, GrpcRequestTemplates, parse_request
 from .status import grpc_status, grpc_trailers
 from .tracing import RequestTracer
 
@@ -85,6 +86,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._dp = dataplane
         self._tracer = tracer or RequestTracer.disabled()  # shared with the HTTP front end (App)
         self._trace_settings = self._tracer.settings
+        self._templates = GrpcRequestTemplates()  # ModelInfer messages as bytes (our own transport), decoded once
+        self._answers = GrpcAnswerTemplates()  # ... and its answers' heads, serialized once
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -136,6 +139,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                                                 self._dp.infer, lambda _, resp: response_to_proto(resp))
         infer_request = request_from_proto(request, context.time_remaining())
         return response_to_proto(await self._dp.infer(infer_request))
+
+    @_rpc
+    async def ModelInferBytes(self, data: bytes, context):
+        """ModelInfer given the message's bytes (our own HTTP/2 transport): a request that repeats an earlier
+        one's fields apart from its data reuses that one's decoded skeleton (protocol/grpc_templates.py)."""
+        if self._trace_settings.active:
+            return await self.ModelInfer.__wrapped__(self, parse_request(data), context)
+        infer_request = self._templates.decode(data, context.time_remaining())
+        return self._answers.encode(await self._dp.infer(infer_request))  # bytes: the transport sends them as they are
 
     async def _stream_one(self, request: pb.ModelInferRequest, remaining_s: float | None, metadata=None):
         try:

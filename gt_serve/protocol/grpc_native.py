@@ -92,6 +92,8 @@ def _method_table(servicer: InferenceServicer) -> dict[str, tuple]:
         request_cls = getattr(pb, method.input_type.name)
         streaming = method.client_streaming or method.server_streaming
         table[_SERVICE + method.name] = (getattr(servicer, method.name), request_cls.FromString, streaming)
+    # inference takes the message's bytes: the servicer's request templates decode it (protocol/grpc_templates.py)
+    table[_SERVICE + "ModelInfer"] = (servicer.ModelInferBytes, bytes, False)
     return table
 
 
@@ -244,7 +246,7 @@ class GrpcConnection(H2Connection):
             return self.finish(stream, grpc.StatusCode.UNKNOWN, f"Unexpected error: {type(exc).__name__}: {exc}")
         if response is None:
             return self.finish(stream, grpc.StatusCode.INTERNAL, "handler returned no response")
-        self._send_message(stream, response.SerializeToString(), last=True)
+        self._send_message(stream, response if type(response) is bytes else response.SerializeToString(), last=True)
 
     async def _run_streaming(self, stream: _GrpcStream) -> None:
         try:

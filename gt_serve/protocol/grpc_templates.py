@@ -1,0 +1,164 @@
+"""Request skeletons for gRPC (protocol/request_forms.py): a ModelInferRequest whose fields other than
+`raw_input_contents` are byte-for-byte those of an earlier one reuses that one's decoded skeleton.
+
+Our own HTTP/2 transport hands ModelInfer its message as bytes. Clients serialize the fields in field-number
+order, so `raw_input_contents` (field 7, the data) comes last: everything before its first entry (model name,
+version, id, parameters, inputs, requested outputs: fields 1-6) is the key. The top level of the message is
+walked, not parsed: each field's tag and length. Any other layout (another wire type, an unknown field, a
+field after the data, a length past the end) takes the full path (protobuf parse + grpc_codec.request_from_proto),
+as does a key not seen before or data entries of other sizes, so that path names whatever is wrong. Decoding a
+small request this way costs ~3 µs against ~14 µs for the full path (issue #17).
+
+Answers the same way (`GrpcAnswerTemplates`): a ModelInferResponse whose outputs all hold fixed-size data and
+carry no parameters is its fields 1-5 (model, version, id, outputs' names, datatypes and shapes), serialized once
+per such key, followed by one `raw_output_contents` entry per output: the bytes protobuf would have written.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from tritonclient.grpc import service_pb2 as pb
+
+from ..errors import Internal
+from ..types import InferRequest, InferResponse
+from .codec import raw_from_array
+from .grpc_codec import request_from_proto, response_to_proto
+from .request_forms import SkeletonTable
+
+_RAW_INPUT_CONTENTS = 7
+_RAW_OUTPUT_CONTENTS_TAG = b"\x32"  # field 6 of ModelInferResponse, length-delimited
+_LENGTH_DELIMITED = 2
+MAX_KEY_BYTES = 4096  # a larger head is decoded in full every time
+
+
+def split_message(data) -> tuple[int, list[int], list[int]] | None:
+    """(where raw_input_contents begins, each entry's start, each entry's length) for the usual layout, else None."""
+    n = len(data)
+    pos = 0
+    head_end = -1
+    starts: list[int] = []
+    sizes: list[int] = []
+    while pos < n:
+        tag_at = pos
+        tag = data[pos]
+        if tag >= 0x80:  # fields 1-7 have one-byte tags
+            return None
+        pos += 1
+        length = 0
+        shift = 0
+        while True:  # the varint length
+            if pos >= n or shift > 35:
+                return None
+            b = data[pos]
+            pos += 1
+            length |= (b & 0x7F) << shift
+            if b < 0x80:
+                break
+            shift += 7
+        field = tag >> 3
+        if tag & 7 != _LENGTH_DELIMITED or pos + length > n:
+            return None
+        if field == _RAW_INPUT_CONTENTS:
+            if head_end < 0:
+                head_end = tag_at
+            starts.append(pos)
+            sizes.append(length)
+        elif head_end >= 0 or not 1 <= field < _RAW_INPUT_CONTENTS:
+            return None
+        pos += length
+    if head_end < 0:
+        return None
+    return head_end, starts, sizes
+
+
+class GrpcRequestTemplates:
+    """One gRPC front end's table of ModelInferRequest skeletons (touched on the event loop only)."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        self._table = SkeletonTable(capacity)
+
+    @property
+    def hits(self) -> int:
+        return self._table.hits
+
+    def decode(self, data, time_remaining_s: float | None = None) -> InferRequest:
+        """As request_from_proto(ModelInferRequest.FromString(data), time_remaining_s): same result, same errors
+        (a message that does not parse: Internal 'error parsing request message: ...')."""
+        split = split_message(data) if len(data) > 0 else None
+        if split is None or split[0] > MAX_KEY_BYTES:
+            return request_from_proto(parse_request(data), time_remaining_s)
+        head_end, starts, sizes = split
+        key = bytes(data[:head_end])
+        skeleton = self._table.get(key)
+        if skeleton is None or tuple(sizes) != skeleton.sizes:
+            msg = parse_request(data)
+            request = request_from_proto(msg, time_remaining_s)
+            if skeleton is None and "timeout" not in msg.parameters:  # a call's deadline is each call's own
+                self._table.learn(key, request, sizes)
+            return request
+        self._table.hits += 1
+        request = skeleton.request(skeleton.model_name, skeleton.version, data, starts)
+        if time_remaining_s is not None:
+            request.deadline_s = time.monotonic() + time_remaining_s
+        return request
+
+
+def parse_request(data, parse: Callable = pb.ModelInferRequest.FromString) -> pb.ModelInferRequest:
+    """The message as protobuf; a decode error as the call's INTERNAL status, in grpcio's words."""
+    try:
+        return parse(data)
+    except Exception as exc:  # noqa: BLE001 - protobuf decode error: the call's status
+        raise Internal(f"error parsing request message: {exc}") from None
+
+
+class GrpcAnswerTemplates:
+    """One gRPC front end's table of serialized answer heads (touched on the event loop only)."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.capacity = capacity
+        self._heads: dict[tuple, bytes] = {}
+        self.hits = 0
+
+    def encode(self, resp: InferResponse) -> bytes:
+        """response_to_proto(resp).SerializeToString(), byte for byte."""
+        key = _answer_key(resp)
+        if key is None:
+            return response_to_proto(resp).SerializeToString()
+        head = self._heads.get(key)
+        if head is None:
+            msg = response_to_proto(resp)
+            body = msg.SerializeToString()
+            del msg.raw_output_contents[:]
+            if len(self._heads) >= self.capacity:
+                self._heads.clear()
+            self._heads[key] = msg.SerializeToString()
+            return body
+        self.hits += 1
+        parts = [head]
+        for t in resp.outputs:
+            raw = raw_from_array(t.data, t.datatype)
+            parts += (_RAW_OUTPUT_CONTENTS_TAG, _varint(len(raw)), raw)
+        return b"".join(parts)
+
+
+def _answer_key(resp: InferResponse) -> tuple | None:
+    if resp.parameters:
+        return None
+    outputs = []
+    for t in resp.outputs:
+        if t.data is None or t.parameters or t.datatype == "BYTES":  # shared memory, classification, ...
+            return None
+        outputs.append((t.name, t.datatype, t.shape))
+    return resp.model_name, resp.model_version, resp.id, tuple(outputs)
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)

@@ -1,0 +1,177 @@
+"""gRPC request skeletons (protocol/grpc_templates.py): a ModelInferRequest that repeats an earlier one's fields
+apart from raw_input_contents is decoded from that one's skeleton, with the same result and the same errors as
+the full path (protobuf parse + grpc_codec.request_from_proto)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from gt_serve.errors import GtServeError, Internal, InvalidArgument
+from gt_serve.protocol.grpc_codec import request_from_proto, response_to_proto
+from gt_serve.protocol.grpc_templates import GrpcAnswerTemplates, GrpcRequestTemplates, split_message
+from gt_serve.types import InferResponse, Tensor
+from tests.unit.test_http_templates import same  # the two decoders' results compared field by field
+
+
+def message(arrays: dict[str, tuple[str, np.ndarray]], *, outputs=("OUT",), priority: int | None = 2,
+            **params) -> pb.ModelInferRequest:
+    msg = pb.ModelInferRequest(model_name="m", model_version="1", id="req")
+    for name, (datatype, array) in arrays.items():
+        t = msg.inputs.add(name=name, datatype=datatype, shape=array.shape)
+        msg.raw_input_contents.append(array.tobytes())
+    for name in outputs:
+        msg.outputs.add(name=name)
+    if priority is not None:
+        msg.parameters["priority"].int64_param = priority
+    for key, value in params.items():
+        if isinstance(value, str):
+            msg.parameters[key].string_param = value
+        else:
+            msg.parameters[key].int64_param = value
+    return msg
+
+
+def test_the_usual_layout_splits_at_the_data():
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.arange(4, dtype=np.int64).reshape(1, 4)
+    data = message({"A": ("FP32", a), "B": ("INT64", b)}).SerializeToString()
+    head_end, starts, sizes = split_message(data)
+    assert sizes == [a.nbytes, b.nbytes]
+    assert data[starts[0]:starts[0] + sizes[0]] == a.tobytes() and data[starts[1]:starts[1] + sizes[1]] == b.tobytes()
+    assert pb.ModelInferRequest.FromString(data[:head_end]).raw_input_contents == []  # the head holds no data
+
+
+@pytest.mark.parametrize("data", [
+    b"",
+    message({}).SerializeToString(),  # no data entries
+    message({"A": ("FP32", np.zeros(2, np.float32))}).SerializeToString() + b"\x0a\x01m",  # a field after the data
+    b"\x40\x01" + message({"A": ("FP32", np.zeros(2, np.float32))}).SerializeToString(),  # field 8, a varint
+    b"\x0a\x05ab",  # a length past the end
+    b"\x0a\xff\xff\xff\xff\xff\xff\x01",  # a length that does not end
+])
+def test_any_other_layout_is_not_split(data):
+    assert split_message(data) is None
+
+
+def test_a_repeated_request_is_decoded_from_its_skeleton_with_its_own_data():
+    templates = GrpcRequestTemplates()
+    rng = np.random.default_rng(0)
+    forms = []
+    for i in range(5):
+        a = rng.standard_normal((2, 3)).astype(np.float32)
+        b = np.arange(4, dtype=np.int64).reshape(1, 4) + i
+        msg = message({"A": ("FP32", a), "B": ("INT64", b)}, tag="x")
+        got = templates.decode(msg.SerializeToString())
+        same(got, request_from_proto(msg))
+        assert np.array_equal(got.inputs[0].data, a) and np.array_equal(got.inputs[1].data, b)
+        assert got.priority == 2 and got.parameters == {"tag": "x"} and got.deadline_s is None
+        forms.append(got.form)
+    assert templates.hits == 4
+    assert forms[0] is None and all(f is forms[1] for f in forms[1:]) and forms[1] is not None
+    # each request has its own parameters and outputs list
+    first, second = (templates.decode(message({"A": ("FP32", a), "B": ("INT64", b)}, tag="x").SerializeToString())
+                     for _ in range(2))
+    first.parameters["gt_hops"] = 1
+    first.outputs.append(None)
+    assert second.parameters == {"tag": "x"} and len(second.outputs) == 1
+
+
+def test_the_calls_deadline_applies_to_each_request():
+    templates = GrpcRequestTemplates()
+    data = message({"A": ("FP32", np.zeros((1, 2), np.float32))}).SerializeToString()
+    for _ in range(3):
+        before_s = time.monotonic()
+        got = templates.decode(data, time_remaining_s=5.0)
+        assert before_s + 5.0 <= got.deadline_s <= time.monotonic() + 5.0
+    assert templates.hits == 2
+    assert templates.decode(data).deadline_s is None
+
+
+def test_data_of_another_size_gets_the_full_paths_error():
+    templates = GrpcRequestTemplates()
+    good = message({"A": ("FP32", np.zeros((1, 4), np.float32))})
+    templates.decode(good.SerializeToString())
+    bad = message({"A": ("FP32", np.zeros((1, 4), np.float32))})
+    bad.raw_input_contents[0] = b"\x00" * 12
+    with pytest.raises(GtServeError, match="got 12 bytes of data, expected 16") as info:
+        templates.decode(bad.SerializeToString())
+    with pytest.raises(GtServeError) as full:
+        request_from_proto(bad)
+    assert info.value.message == full.value.message
+    assert templates.hits == 0
+
+
+def test_a_message_that_does_not_parse_is_the_calls_internal_error():
+    templates = GrpcRequestTemplates()
+    with pytest.raises(Internal, match="error parsing request message"):
+        templates.decode(b"\x0a\x05ab")
+    with pytest.raises(Internal, match="error parsing request message"):
+        templates.decode(b"\x3a\x02ab\x0a")  # split fails: the full parse names it
+
+
+@pytest.mark.parametrize("case", ["timeout", "bytes", "shm", "no raw"])
+def test_requests_that_are_not_kept(case):
+    templates = GrpcRequestTemplates()
+    if case == "timeout":
+        msg = message({"A": ("FP32", np.zeros((1, 2), np.float32))}, timeout=1000000)
+    elif case == "bytes":
+        msg = message({})
+        msg.inputs.add(name="S", datatype="BYTES", shape=[1])
+        msg.raw_input_contents.append(b"\x02\x00\x00\x00hi")
+    elif case == "shm":
+        msg = message({"A": ("FP32", np.zeros((1, 2), np.float32))})
+        shm = msg.inputs.add(name="S", datatype="FP32", shape=[1, 2])
+        shm.parameters["shared_memory_region"].string_param = "r"
+        shm.parameters["shared_memory_byte_size"].int64_param = 8
+    else:
+        msg = message({})
+        msg.inputs.add(name="A", datatype="FP32", shape=[1, 2]).contents.fp32_contents.extend([1.0, 2.0])
+    data = msg.SerializeToString()
+    for _ in range(3):
+        same_or_none = templates.decode(data)
+        assert same_or_none.form is None
+    assert templates.hits == 0
+
+
+def test_a_wrong_request_is_never_kept():
+    templates = GrpcRequestTemplates()
+    msg = message({"A": ("FP32", np.zeros((1, 2), np.float32))})
+    msg.inputs[0].shape[:] = [-1, 2]
+    for _ in range(2):
+        with pytest.raises(InvalidArgument, match="invalid shape"):
+            templates.decode(msg.SerializeToString())
+    assert templates.hits == 0
+
+
+# ---- answers -------------------------------------------------------------------------------------------------
+
+def answer(*outputs: Tensor, params: dict | None = None, request_id: str = "req") -> InferResponse:
+    return InferResponse("m", "1", request_id, list(outputs), params or {})
+
+
+def test_an_answer_is_the_bytes_protobuf_writes_with_its_head_serialized_once():
+    answers = GrpcAnswerTemplates()
+    rng = np.random.default_rng(1)
+    for rows in (1, 1, 3, 3, 3, 0, 0, 700):  # 0 rows: empty entries; 700 x 8 x 4 bytes: a 3-byte length
+        a = rng.standard_normal((rows, 8)).astype(np.float32)
+        b = (np.arange(rows * 2, dtype=np.int64).reshape(rows, 2) - 3)
+        resp = answer(Tensor("A", "FP32", a.shape, a), Tensor("B", "INT64", b.shape, b))
+        got = answers.encode(resp)
+        assert got == response_to_proto(resp).SerializeToString()
+        back = pb.ModelInferResponse.FromString(got)
+        assert back.raw_output_contents[0] == a.tobytes() and back.raw_output_contents[1] == b.tobytes()
+    assert answers.hits == 4  # 1, 3, 3, 0 again
+
+
+@pytest.mark.parametrize("resp", [
+    answer(Tensor("A", "FP32", (1,), np.zeros(1, np.float32)), params={"tag": "x"}),
+    answer(Tensor("S", "BYTES", (1,), np.array([b"ab"], dtype=object))),
+    answer(Tensor("A", "FP32", (1,), None, {"shared_memory_region": "r", "shared_memory_byte_size": 4})),
+])
+def test_answers_that_are_not_kept_are_still_right(resp):
+    answers = GrpcAnswerTemplates()
+    for _ in range(2):
+        assert answers.encode(resp) == response_to_proto(resp).SerializeToString()
+    assert answers.hits == 0
