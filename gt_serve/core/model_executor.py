@@ -5,8 +5,8 @@ A request's path, each hop a direct call or one queue:
     DataPlane.infer -> ModelExecutor.submit (= Batcher.submit: the request's future) -> StreamScheduler.notify
     StreamScheduler._pump -> Batcher.decide -> ModelExecutor.dispatch -> Batcher.take -> job_factory -> Lane.submit
     lane thread: job() -> InferenceSession.run -> loop.call_soon_threadsafe (the one queue back)
-    loop: Lane.finish -> ModelExecutor._complete -> BatchCompletion.resolve (futures, stats, energy)
-          -> StreamScheduler.finished (fair share, next pump)
+    loop: Lane.finish -> ModelExecutor._complete -> StreamScheduler.finished (fair share, the next batch dispatched
+          at once) -> BatchCompletion.resolve (futures, stats, energy)
 
 The executor is complete when constructed: everything it calls is passed in. It keeps no callback
 of anyone above it; the lane calls back the `_complete` it was handed with the job, like a future.
@@ -79,15 +79,16 @@ class ModelExecutor:
         lane.submit(self._job_factory(self._runners[lane], batch, self._spec, lane), self._complete, batch)
 
     def _complete(self, batch: Batch, lane: Any, result: Any, exc: BaseException | None, elapsed_ns: int) -> None:
-        """The lane's reply, on the loop: resolve the batch's futures, then let the scheduler go on."""
+        """The lane's reply, on the loop: the scheduler first (the lane's next batch starts now and computes while
+        this one's answers are written), then the batch's futures."""
         self.in_flight -= 1
+        self._scheduler.finished(self, elapsed_ns)
         try:
             self._completion.resolve(batch, lane, result, exc)
         except Exception:  # never let bookkeeping stall the queue
             log.exception("batch completion failed for model %s", self.name)
         if batch.traced:
             _note_traces(batch, lane)
-        self._scheduler.finished(self, elapsed_ns)
         if self.batcher.closed is not None and not self.in_flight and not self.batcher.pending:
             self._on_drained()
 

@@ -54,10 +54,11 @@ class StreamScheduler:
             self.loop.call_soon(self._pump)
 
     def finished(self, executor: ModelExecutor, elapsed_ns: int) -> None:
-        """One of `executor`'s batches came back after `elapsed_ns` on its lane."""
+        """One of `executor`'s batches came back after `elapsed_ns` on its lane: its lane takes the next batch now,
+        not after the answers of this one (up to a few ms of the loop's time at 32 requests a batch)."""
         if executor in self._virtual_ns:
             self._virtual_ns[executor] += elapsed_ns
-        self.notify()
+        self._pump()
 
     def _on_timer(self) -> None:
         self._timer = None
