@@ -16,7 +16,6 @@ per such key, followed by one `raw_output_contents` entry per output: the bytes 
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 from tritonclient.grpc import service_pb2 as pb
 
@@ -85,7 +84,7 @@ class GrpcRequestTemplates:
     def decode(self, data, time_remaining_s: float | None = None) -> InferRequest:
         """As request_from_proto(ModelInferRequest.FromString(data), time_remaining_s): same result, same errors
         (a message that does not parse: Internal 'error parsing request message: ...')."""
-        split = split_message(data) if len(data) > 0 else None
+        split = split_message(data)
         if split is None or split[0] > MAX_KEY_BYTES:
             return request_from_proto(parse_request(data), time_remaining_s)
         head_end, starts, sizes = split
@@ -104,10 +103,10 @@ class GrpcRequestTemplates:
         return request
 
 
-def parse_request(data, parse: Callable = pb.ModelInferRequest.FromString) -> pb.ModelInferRequest:
+def parse_request(data) -> pb.ModelInferRequest:
     """The message as protobuf; a decode error as the call's INTERNAL status, in grpcio's words."""
     try:
-        return parse(data)
+        return pb.ModelInferRequest.FromString(data)
     except Exception as exc:  # noqa: BLE001 - protobuf decode error: the call's status
         raise Internal(f"error parsing request message: {exc}") from None
 
