@@ -37,6 +37,10 @@ class RequestTemplates:
     def hits(self) -> int:
         return self._table.hits
 
+    @property
+    def kept(self) -> int:
+        return len(self._table)
+
     def decode(self, model_name: str, version: str, body, header_length: int | None) -> InferRequest:
         """As http_infer.decode_request (same result, same errors)."""
         if header_length is None or header_length > self.max_json_bytes:

@@ -67,20 +67,32 @@ def skeleton_of(request: InferRequest, sizes: Sequence[int]) -> Skeleton | None:
 
 
 class SkeletonTable:
-    """A bounded table of skeletons by key (touched on the event loop only): a full table starts over."""
+    """A bounded table of skeletons by key (touched on the event loop only): a full table starts over. A key is
+    learned the second time it is seen, so that a client whose every request differs (a fresh id each time) costs
+    a set entry per request, not a skeleton."""
 
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = capacity
         self._skeletons: dict[bytes, Skeleton] = {}
+        self._seen_once: set[bytes] = set()
         self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._skeletons)
 
     def get(self, key: bytes) -> Skeleton | None:
         return self._skeletons.get(key)
 
     def learn(self, key: bytes, request: InferRequest, sizes: Sequence[int]) -> None:
+        if key not in self._seen_once:
+            if len(self._seen_once) >= self.capacity:
+                self._seen_once.clear()
+            self._seen_once.add(key)
+            return
         skeleton = skeleton_of(request, sizes)
         if skeleton is None:
             return
         if len(self._skeletons) >= self.capacity:
             self._skeletons.clear()
         self._skeletons[key] = skeleton
+        self._seen_once.discard(key)

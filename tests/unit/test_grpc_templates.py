@@ -68,8 +68,8 @@ def test_a_repeated_request_is_decoded_from_its_skeleton_with_its_own_data():
         assert np.array_equal(got.inputs[0].data, a) and np.array_equal(got.inputs[1].data, b)
         assert got.priority == 2 and got.parameters == {"tag": "x"} and got.deadline_s is None
         forms.append(got.form)
-    assert templates.hits == 4
-    assert forms[0] is None and all(f is forms[1] for f in forms[1:]) and forms[1] is not None
+    assert templates.hits == 3  # learned when seen the second time
+    assert forms[:2] == [None, None] and all(f is forms[2] for f in forms[2:]) and forms[2] is not None
     # each request has its own parameters and outputs list
     first, second = (templates.decode(message({"A": ("FP32", a), "B": ("INT64", b)}, tag="x").SerializeToString())
                      for _ in range(2))
@@ -85,14 +85,15 @@ def test_the_calls_deadline_applies_to_each_request():
         before_s = time.monotonic()
         got = templates.decode(data, time_remaining_s=5.0)
         assert before_s + 5.0 <= got.deadline_s <= time.monotonic() + 5.0
-    assert templates.hits == 2
+    assert templates.hits == 1
     assert templates.decode(data).deadline_s is None
 
 
 def test_data_of_another_size_gets_the_full_paths_error():
     templates = GrpcRequestTemplates()
     good = message({"A": ("FP32", np.zeros((1, 4), np.float32))})
-    templates.decode(good.SerializeToString())
+    for _ in range(2):
+        templates.decode(good.SerializeToString())
     bad = message({"A": ("FP32", np.zeros((1, 4), np.float32))})
     bad.raw_input_contents[0] = b"\x00" * 12
     with pytest.raises(GtServeError, match="got 12 bytes of data, expected 16") as info:
