@@ -23,7 +23,7 @@ from ..errors import Internal
 from ..types import InferRequest, InferResponse
 from .codec import raw_from_array
 from .grpc_codec import request_from_proto, response_to_proto
-from .request_forms import SkeletonTable
+from .request_forms import SkeletonTable, answer_key
 
 _RAW_INPUT_CONTENTS = 7
 _RAW_OUTPUT_CONTENTS_TAG = b"\x32"  # field 6 of ModelInferResponse, length-delimited
@@ -121,7 +121,7 @@ class GrpcAnswerTemplates:
 
     def encode(self, resp: InferResponse) -> bytes:
         """response_to_proto(resp).SerializeToString(), byte for byte."""
-        key = _answer_key(resp)
+        key = answer_key(resp)
         if key is None:
             return response_to_proto(resp).SerializeToString()
         head = self._heads.get(key)
@@ -139,17 +139,6 @@ class GrpcAnswerTemplates:
             raw = raw_from_array(t.data, t.datatype)
             parts += (_RAW_OUTPUT_CONTENTS_TAG, _varint(len(raw)), raw)
         return b"".join(parts)
-
-
-def _answer_key(resp: InferResponse) -> tuple | None:
-    if resp.parameters:
-        return None
-    outputs = []
-    for t in resp.outputs:
-        if t.data is None or t.parameters or t.datatype == "BYTES":  # shared memory, classification, ...
-            return None
-        outputs.append((t.name, t.datatype, t.shape))
-    return resp.model_name, resp.model_version, resp.id, tuple(outputs)
 
 
 def _varint(n: int) -> bytes:

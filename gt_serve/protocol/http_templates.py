@@ -23,7 +23,7 @@ from __future__ import annotations
 from ..types import InferRequest, InferResponse
 from .codec import BINARY_DATA_SIZE, raw_from_array
 from .http_infer import decode_request, encode_response
-from .request_forms import SkeletonTable
+from .request_forms import SkeletonTable, answer_key
 
 
 class RequestTemplates:
@@ -96,18 +96,13 @@ class AnswerTemplates:
 
     @staticmethod
     def _key(resp: InferResponse, req: InferRequest) -> tuple | None:
-        if resp.parameters:
+        key = answer_key(resp)
+        if key is None:
             return None
-        outputs = []
-        for t in resp.outputs:
-            if t.data is None or t.parameters or t.datatype == "BYTES":  # shared memory, classification, ...
-                return None
-            outputs.append((t.name, t.datatype, t.shape))
         params = req.parameters
         # as encode_response reads them: a flag's truth, whatever JSON value carries it (a list is not hashable)
         asked = tuple((o.name, _flag(o.parameters.get("binary_data"))) for o in req.outputs) if req.outputs else None
-        return (resp.model_name, resp.model_version, resp.id, tuple(outputs), asked,
-                bool(params.get("binary_data_output", False)) if params else False)
+        return key, asked, bool(params.get("binary_data_output", False)) if params else False
 
 
 def _flag(value) -> bool | None:

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..types import InferRequest, Tensor
+from ..types import InferRequest, InferResponse, Tensor
 from .codec import SHM_REGION, numpy_dtype
 
 
@@ -96,3 +96,17 @@ class SkeletonTable:
             self._skeletons.clear()
         self._skeletons[key] = skeleton
         self._seen_once.discard(key)
+
+
+def answer_key(resp: InferResponse) -> tuple | None:
+    """What an answer template is keyed by, both front ends: (model, version, id, each output's name, datatype and
+    shape), or None for an answer with parameters or an output without fixed-size data of its own (shared memory,
+    classification, BYTES)."""
+    if resp.parameters:
+        return None
+    outputs = []
+    for t in resp.outputs:
+        if t.data is None or t.parameters or t.datatype == "BYTES":
+            return None
+        outputs.append((t.name, t.datatype, t.shape))
+    return resp.model_name, resp.model_version, resp.id, tuple(outputs)
