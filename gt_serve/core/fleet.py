@@ -53,7 +53,16 @@ class FleetRouter:
         self._watchers: dict[str, set[asyncio.Future]] = {}
         self.decisions: dict[str, int] = {}  # target node -> count (metrics)
         self.rerouted: dict[str, int] = {}  # reason -> attempts abandoned or retried (metrics)
+        self._trials: dict[tuple[str, str], float] = {}  # (model, peer) -> until (clock): see try_replica
+        self._trial_turn = 0
         view.add_listener(self._on_peer_event)
+
+    def try_replica(self, model: str, node: str, for_s: float) -> None:
+        """A replica of `model` was placed on `node` to take this node's load (edge/placement_loop.py): for `for_s`,
+        every other request for `model` goes there once it serves the model, whatever the estimates say. Until a
+        replica has served, its telemetry holds priors (and the link's cost), so the router alone may never try
+        it, and the placement loop would drop it as cold, place it again, and so on."""
+        self._trials[(model, node)] = self._clock() + for_s
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -75,6 +84,10 @@ class FleetRouter:
         local = None if LOCAL in exclude else self._local_row(model, now_s)
         if not peers:
             return None
+        trial = self._trial_peer(model, peers, now_s) if self._trials and local is not None else None
+        if trial is not None:
+            self.decisions[trial.node] = self.decisions.get(trial.node, 0) + 1
+            return _target(trial)
         rows = []
         if local is not None:
             rows.append((LOCAL, local))
@@ -91,6 +104,19 @@ class FleetRouter:
         if target == LOCAL:
             return None
         return _target(next(p for p in peers if p.node == target))
+
+    def _trial_peer(self, model: str, peers: list[PeerInfo], now_s: float) -> PeerInfo | None:
+        for p in peers:
+            until_s = self._trials.get((model, p.node))
+            if until_s is None:
+                continue
+            if now_s >= until_s:
+                del self._trials[(model, p.node)]
+                continue
+            self._trial_turn += 1
+            if self._trial_turn % 2:
+                return p
+        return None
 
     def expected_s(self, node: str, model: str) -> float:
         """How long an answer from `node` is expected to take: its recent median, else its telemetry."""

@@ -68,8 +68,10 @@ async def start_cluster_node(cfg: Config, *, caps: dict, snapshot: Callable[[], 
                         budget_s=c.forward_timeout_s)
     peer_client = PeerClient(token=c.peer_token or cfg.server.auth_token, timeout_s=c.forward_timeout_s,
                              tls=cluster_files(c))  # mutual TLS to peers: verified against the cluster CA
+    trial_s = cfg.placement.cold_after_s  # a placed replica gets a share of the traffic for as long as it may idle
     placement = build_placement_loop(cfg, registry=registry, view=telemetry.view, peer_client=peer_client,
-                                     energy=energy)  # started; None: off
+                                     energy=energy,  # started; None: off
+                                     on_placed=lambda model, node: fleet.try_replica(model, node, trial_s))
     log.info("cluster '%s': node '%s' publishing to mqtt://%s:%d", c.name, cfg.node_name,
              cfg.telemetry.broker_host, cfg.telemetry.broker_port)
     return ClusterNode(telemetry, fleet, peer_client, placement)

@@ -51,7 +51,8 @@ def build_outliers(cfg: Config) -> OutlierDetector:
         max_ejection_s=max(c.ejection_s, 30.0)))
 
 
-def build_placement_loop(cfg: Config, *, registry: Any, view: NodeView, peer_client: Any, energy: Any):
+def build_placement_loop(cfg: Config, *, registry: Any, view: NodeView, peer_client: Any, energy: Any,
+                         on_placed: Callable[[str, str], None] | None = None):
     """The placement loop (issue #18) when `placement.enabled`; None otherwise. A node outside explicit
     model-control mode still places replicas on peers but cannot receive any (said once, here)."""
     if not cfg.placement.enabled:
@@ -71,6 +72,6 @@ def build_placement_loop(cfg: Config, *, registry: Any, view: NodeView, peer_cli
         except Exception:  # no curve yet: unknown, any peer may do
             return float("inf")
 
-    loop = PlacementLoop(cfg.node_name, cfg.placement, registry, view, peer_client, energy_j)
+    loop = PlacementLoop(cfg.node_name, cfg.placement, registry, view, peer_client, energy_j, on_placed=on_placed)
     loop.start()
     return loop

@@ -57,6 +57,9 @@ class PlacementLoop:
     peer_client: Any  # PeerClient
     energy_j: Callable[[str], float]  # J/inference of a local model
     clock: Callable[[], float] = time.monotonic
+    # (model, peer) after a replica was loaded there: the fleet router sends it a share of this node's requests
+    # for a trial (core/fleet.FleetRouter.try_replica); None: nothing to tell
+    on_placed: Callable[[str, str], None] | None = None
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
     history: list[PastDecision] = field(default_factory=list)
     _seen: dict[str, _Seen] = field(default_factory=dict)
@@ -204,6 +207,8 @@ class PlacementLoop:
         ours = {(n, s.datatype) for n, s in {**model.spec.inputs, **model.spec.outputs}.items()}
         if theirs != ours:
             return f"loaded ({source}) but the peer's metadata differs: {sorted(theirs)} vs {sorted(ours)}"
+        if self.on_placed is not None:
+            self.on_placed(d.model, d.node)
         return f"loaded ({source}, sha256 {digest[:16]})"
 
     async def _unload_local(self, d: Decision) -> str:

@@ -261,3 +261,18 @@ async def test_failed_peers_fall_back_to_serving_here() -> None:
     peers.behaviour["b"] = "fail"
     response = await call(f, peers, request(), local_ready=True)
     assert response.parameters["gt_served_by"] == "a"
+
+
+def test_a_replica_placed_for_this_nodes_load_gets_every_other_request_for_its_trial() -> None:
+    clock = [100.0]
+    f = fleet({"b": 1000.0}, local=True)  # b's estimate (1 s) never beats serving here (0.5 s)
+    f._clock = lambda: clock[0]
+    assert [f.choose(MODEL, 1) for _ in range(4)] == [None] * 4
+    f.try_replica(MODEL, "b", 3.0)
+    f.try_replica("other", "c", 3.0)  # another model's trial changes nothing for this one
+    chosen = [f.choose(MODEL, 1) for _ in range(6)]
+    assert [t.node if t else None for t in chosen] == ["b", None] * 3
+    assert f.choose(MODEL, 1, exclude={"b"}) is None  # an excluded peer is not tried
+    clock[0] += 3.0  # the trial is over: the estimates decide again
+    assert [f.choose(MODEL, 1) for _ in range(4)] == [None] * 4
+    assert f.decisions == {"a": 11, "b": 3}
