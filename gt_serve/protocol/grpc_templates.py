@@ -7,7 +7,7 @@ version, id, parameters, inputs, requested outputs: fields 1-6) is the key. The 
 walked, not parsed: each field's tag and length. Any other layout (another wire type, an unknown field, a
 field after the data, a length past the end) takes the full path (protobuf parse + grpc_codec.request_from_proto),
 as does a key not seen before or data entries of other sizes, so that path names whatever is wrong. Decoding a
-small request this way costs ~3 µs against ~14 µs for the full path (issue #17).
+small request this way costs ~3.8 µs against ~7.6 µs for the full path (issue #17; best of 10 interleaved rounds).
 
 Answers the same way (`GrpcAnswerTemplates`): a ModelInferResponse whose outputs all hold fixed-size data and
 carry no parameters is its fields 1-5 (model, version, id, outputs' names, datatypes and shapes), serialized once
