@@ -14,8 +14,8 @@ by its declared shape before any Python object is built for an element.
 """
 from __future__ import annotations
 
-__all__ = ["BINARY_DATA_SIZE", "DATATYPES", "SHM_REGION", "array_from_json_span", "array_from_list", "array_from_raw", "bytes_array_from_raw",
-           "check_shape", "count_bytes_elements", "cut_data_arrays", "element_count",
+__all__ = ["BINARY_DATA_SIZE", "DATATYPES", "SHM_REGION", "array_from_json_span", "array_from_list", "array_from_raw",
+           "bytes_array_from_raw", "check_shape", "count_bytes_elements", "cut_data_arrays", "element_count",
            "list_from_array", "numpy_dtype", "raw_from_array", "serialize_bytes", "v2_datatype"]
 
 import re
@@ -38,11 +38,11 @@ from ..datatypes import (  # noqa: E402  (re-exported)
     serialize_bytes,
     v2_datatype,
 )
+from ..errors import InvalidArgument, InvalidInput
 
 # V2 tensor parameters both front ends read
 SHM_REGION = "shared_memory_region"
 BINARY_DATA_SIZE = "binary_data_size"
-from ..errors import InvalidArgument, InvalidInput
 
 JSON_CHUNK_BYTES = 1 << 20  # numeric JSON data is decoded this many bytes at a time
 _U32 = struct.Struct("<I")
