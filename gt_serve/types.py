@@ -27,6 +27,11 @@ class RequestedOutput:
     name: str
     parameters: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def in_shared_memory(self) -> bool:
+        """Written into a shared-memory region of the node that serves it, not returned."""
+        return bool(self.parameters.get("shared_memory_region"))
+
 
 @dataclass(slots=True)
 class InferRequest:

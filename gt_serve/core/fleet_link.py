@@ -72,4 +72,4 @@ def forwardable(request: InferRequest) -> bool:
     """Requests that touch this node's shared memory must be served here."""
     if any(t.data is None for t in request.inputs):
         return False
-    return not any(o.parameters.get("shared_memory_region") for o in (request.outputs or ()))
+    return not any(o.in_shared_memory for o in (request.outputs or ()))

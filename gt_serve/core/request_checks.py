@@ -34,8 +34,7 @@ def check_request(model: LoadedModel, request: InferRequest, shm: SystemSharedMe
                 None if requested is None else list(requested)
     feeds, batch_size, shape_key = check_inputs(model, request, shm, max_batch_size)
     requested = check_outputs(model, request.outputs, shm)
-    if form is not None and (requested is None or not any(o.parameters.get("shared_memory_region")
-                                                          for o in requested)):
+    if form is not None and (requested is None or not any(o.in_shared_memory for o in requested)):
         forms = model.checked_forms
         if len(forms) >= MAX_CHECKED_FORMS:
             forms.clear()

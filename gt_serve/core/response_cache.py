@@ -78,7 +78,7 @@ def request_key(model: Any, request: InferRequest, requested: list | None) -> by
         h.update(b"\1all")
     else:
         for out in requested:
-            if out.parameters.get("shared_memory_region"):
+            if out.in_shared_memory:
                 return None
             h.update(f"\1{out.name}\0{sorted(out.parameters.items())!r}".encode())
     return h.digest()
