@@ -272,7 +272,8 @@ class App:
         self.metric_providers.append(fleet_metric_provider(self.cluster.fleet, self.cluster.telemetry.view,
                                                            time.monotonic))
         if self.cluster.placement is not None:
-            self.metric_providers.append(placement_metric_provider(self.cluster.placement.counts))
+            self.metric_providers.append(placement_metric_provider(self.cluster.placement.counts,
+                                                                     self.cluster.placement.load_ratios))
 
     def _caps(self) -> dict:
         """What peers learn of this node: endpoints, devices, models, power profile."""

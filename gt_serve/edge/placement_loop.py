@@ -4,7 +4,8 @@ node's demand per model, reads the peers from the shared view, calls the pure po
 peer link (edge/peer_client.load_replica: by name when the peer's repository has the model, else
 its config and ONNX bytes streamed in the request, their SHA-256 checked by the peer; after the load
 the peer's metadata must match ours), an unload drains and unloads the local cold replica. Every decision is
-logged once per change and counted in `counts` ({(action, reason): n}, gt_placement_decisions_total).
+logged once per change and counted in `counts` ({(action, reason): n}, gt_placement_decisions_total); the
+demand each check measured is kept in `load_ratios` ({model: ratio}, gt_placement_load_ratio).
 
 Demand: occupancy by Little's law, the time requests spent in this node over the window divided by
 the window and by its concurrent slots (lanes x max batch); > high_water = over. Peers: replicas =
@@ -61,6 +62,7 @@ class PlacementLoop:
     # for a trial (core/fleet.FleetRouter.try_replica); None: nothing to tell
     on_placed: Callable[[str, str], None] | None = None
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    load_ratios: dict[str, float] = field(default_factory=dict)  # the last check's demand per local model
     history: list[PastDecision] = field(default_factory=list)
     _seen: dict[str, _Seen] = field(default_factory=dict)
     _pinned: frozenset[str] = frozenset()
@@ -104,6 +106,7 @@ class PlacementLoop:
     def _demand(self, now_s: float) -> tuple[ModelDemand, ...]:
         window_s = self.cfg.check_period_s
         out = []
+        self.load_ratios.clear()
         for model in self.registry.loaded():
             if model.state != "READY":
                 continue
@@ -115,7 +118,7 @@ class PlacementLoop:
                 seen.last_used_s = now_s
             lanes = len(getattr(model.executor, "lanes", ()) or ()) or 1
             slots = lanes * max(1, model.spec.max_batch_size)
-            ratio = busy_ns / 1e9 / window_s / slots
+            ratio = self.load_ratios[model.name] = busy_ns / 1e9 / window_s / slots
             if ratio > self._settings.high_water:
                 seen.over_since_s = seen.over_since_s if seen.over_since_s is not None else now_s - window_s
             else:

@@ -134,8 +134,9 @@ _METRICS_HEADERS = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
 _TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary"}
 
 
-def placement_metric_provider(counts: dict):
-    """gt_placement_decisions_total{action,reason} from the placement loop's counts (issue #18)."""
+def placement_metric_provider(counts: dict, load_ratios: dict):
+    """gt_placement_decisions_total{action,reason} and gt_placement_load_ratio{model} from the placement
+    loop (issue #18): its decisions, and the demand it last measured against high_water."""
     def collect():
         fam = CounterMetricFamily("gt_placement_decisions_total",
                                   "Placement decisions by action (load, unload, none, load_failed) and reason",
@@ -143,6 +144,12 @@ def placement_metric_provider(counts: dict):
         for (action, reason), n in sorted(counts.items()):
             fam.add_metric([action, reason], n)
         yield fam
+        ratio = GaugeMetricFamily("gt_placement_load_ratio",
+                                  "Demand of a local model at the last placement check: occupancy of its slots"
+                                  " (compared with placement.high_water)", labels=["model"])
+        for model, value in sorted(load_ratios.items()):
+            ratio.add_metric([model], value)
+        yield ratio
     return collect
 
 
