@@ -14,6 +14,7 @@ line per run, then the mean per checkout and each one's ratio to the first.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import socket
@@ -76,19 +77,25 @@ def point(root: Path, a: argparse.Namespace, repo: Path, pa: str | None) -> dict
                    "--concurrency", str(a.concurrency), "--duration", str(a.duration)]
         else:
             port = http if a.client == "http" else grpc
+            csv_path = Path(tempfile.mkdtemp(prefix="gt-ab-pa-")) / "pa.csv"
             cmd = [pa, "-m", a.model, "-u", f"127.0.0.1:{port}", "-i", a.client, "-b", "1",
                    "--concurrency-range", f"{a.concurrency}:{a.concurrency}",
                    "--measurement-interval", str(int(a.duration * 1000)), "--max-trials", "3",
-                   "--stability-percentage", "100"]
+                   "--stability-percentage", "100", "-f", str(csv_path)]
         n0, cpu0, loop0 = count(), tree_cpu_s(proc.pid), thread_cpu_s(proc.pid, proc.pid)
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 10 * a.duration)
         n = max(1, count() - n0)
         cpu, loop = tree_cpu_s(proc.pid) - cpu0, thread_cpu_s(proc.pid, proc.pid) - loop0
         throughput = [line.split(":", 1)[1].strip() for line in out.stdout.splitlines() if "Throughput" in line]
-        return {"root": str(root), "client": a.client, "model": a.model, "concurrency": a.concurrency,
-                "inferences": n, "server_cpu_ms_per_inference": round(cpu / n * 1e3, 4),
-                "loop_cpu_ms_per_inference": round(loop / n * 1e3, 4),
-                "client_says": throughput[0] if throughput else out.stdout.strip()[-160:]}
+        res = {"root": str(root), "client": a.client, "model": a.model, "concurrency": a.concurrency,
+               "inferences": n, "server_cpu_ms_per_inference": round(cpu / n * 1e3, 4),
+               "loop_cpu_ms_per_inference": round(loop / n * 1e3, 4),
+               "client_says": throughput[0] if throughput else out.stdout.strip()[-160:]}
+        if a.client != "raw" and csv_path.exists():  # perf_analyzer's own figures: inf/s and client-side p50
+            with open(csv_path) as f:
+                row = next(csv.DictReader(f))
+            res.update(inferences_per_s=float(row["Inferences/Second"]), p50_ms=int(row["p50 latency"]) / 1e3)
+        return res
     finally:
         proc.terminate()
         proc.wait(15)
@@ -116,9 +123,12 @@ def main() -> None:
     for root, runs in results.items():
         cpu = sum(r["server_cpu_ms_per_inference"] for r in runs) / len(runs)
         loop = sum(r["loop_cpu_ms_per_inference"] for r in runs) / len(runs)
-        ref = ref or (cpu, loop)
+        p50 = [r["p50_ms"] for r in runs if "p50_ms" in r]
+        ref = ref or (cpu, loop, sum(p50) / len(p50) if p50 else 0.0)
+        latency = (f", p50 {sum(p50) / len(p50):.3f} ms ({sum(p50) / len(p50) / ref[2]:.2f}x)"
+                   if p50 and ref[2] else "")
         print(f"{root}: server CPU {cpu:.4f} ms/inf ({cpu / ref[0]:.2f}x the first), event-loop thread "
-              f"{loop:.4f} ms/inf ({loop / ref[1]:.2f}x)")
+              f"{loop:.4f} ms/inf ({loop / ref[1]:.2f}x){latency}")
 
 
 if __name__ == "__main__":
