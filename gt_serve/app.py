@@ -101,7 +101,8 @@ class App:
         self.memory_book = book if book.enabled else None
         return LocalModelHost(loop, self.scheduler, self.lanes, self._runner_factory, jobs, self.cfg.models,
                               energy_observer=self.energy.on_batch, response_cache=self.response_cache is not None,
-                              memory=self.memory_book, slo_s={m: ms / 1e3 for m, ms in self.cfg.router.slo_ms.items()})
+                              memory=self.memory_book, slo_s={m: ms / 1e3 for m, ms in self.cfg.router.slo_ms.items()},
+                              inline_max_ns=self.cfg.lanes.inline_max_us * 1000)
 
     async def start(self) -> None:
         from .backends.onnx_runner import describe_model

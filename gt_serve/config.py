@@ -84,6 +84,10 @@ class LanesConfig:
     # onnxruntime intra-op threads spin this long within a run before sleeping (0 = never spin; they never spin
     # after a run). 0 by default: spinning cost ~25 % more CPU per inference at 1 client (issue #17)
     spin_us: int = 0
+    # a lone one-row request whose runs take less than this runs on the event loop's thread instead of the lane's:
+    # no hand-off to the lane thread and back (at one client ~0.9x CPU and p50 per inference; issue #17). The loop
+    # is busy for that long, so keep it short; 0 = every batch runs on its lane's thread. CPU lanes only.
+    inline_max_us: int = 300
     gpu_streams_per_device: int = 2
     gpus: tuple[int, ...] = ()  # empty = every visible GPU
     # onnxruntime IO binding to pooled device buffers: "auto" = on GPU lanes, "always" = CPU lanes too, "never"
@@ -240,6 +244,8 @@ def validate(cfg: Config) -> None:
 def _validate_lanes(lanes: LanesConfig) -> None:
     if lanes.io_binding not in IO_BINDING_MODES:
         raise ConfigError(f"config key 'lanes.io_binding' must be one of {IO_BINDING_MODES}, got {lanes.io_binding!r}")
+    if lanes.inline_max_us < 0:
+        raise ConfigError(f"config key 'lanes.inline_max_us' must be 0 or more microseconds, got {lanes.inline_max_us!r}")
     if lanes.spin_us < 0:
         raise ConfigError(f"config key 'lanes.spin_us' must be 0 or more microseconds, got {lanes.spin_us!r}")
     if lanes.gpu_memory_limit_bytes < 0:

@@ -24,6 +24,7 @@ from .batcher import Batch, Batcher, Entry
 from .trace_context import RequestTrace
 
 log = logging.getLogger(__name__)
+_LONE_SHAPES = 64  # shapes whose one-row run times are remembered (a model with dynamic dims has many)
 
 # job_factory(runner, batch, spec, lane) -> the zero-argument job the lane runs (execution.job_factory.JobFactory)
 JobFactory = Callable[[Any, Batch, Any, Any], Callable[[], Any]]
@@ -44,7 +45,9 @@ class ModelExecutor:
 
     def __init__(self, batcher: Batcher, runners: Mapping[Any, Any], job_factory: JobFactory,
                  completion: BatchCompletion, scheduler: SchedulerLink, spec: Any, *,
-                 version: str = "", weight: float = 1.0) -> None:
+                 version: str = "", weight: float = 1.0, inline_max_ns: int = 0) -> None:
+        """`inline_max_ns`: a lone one-row batch of a shape whose runs take less than this runs on the loop
+        thread (`_runs_inline`); 0 = every batch goes to its lane's thread."""
         self.name = batcher.name
         self.version = version
         self.batcher = batcher
@@ -62,6 +65,8 @@ class ModelExecutor:
         self._drained = asyncio.Event()  # set when a closed executor has nothing queued or running
         self._release_when_idle = False
         self._released = False
+        self._inline_max_ns = inline_max_ns
+        self._lone_ns: dict[tuple, int] = {}  # row shapes -> moving average of one-row batches' run time
 
     @property
     def pending(self) -> int:
@@ -76,12 +81,26 @@ class ModelExecutor:
         """Called by the scheduler: take `entries` off the queue and run them as one batch on `lane`."""
         batch = self.batcher.take(entries)
         self.in_flight += 1
-        lane.submit(self._job_factory(self._runners[lane], batch, self._spec, lane), self._complete, batch)
+        job = self._job_factory(self._runners[lane], batch, self._spec, lane)
+        if self._inline_max_ns and self._runs_inline(batch, lane):
+            lane.run_here(job, self._complete, batch)
+        else:
+            lane.submit(job, self._complete, batch)
+
+    def _runs_inline(self, batch: Batch, lane: Any) -> bool:
+        """A lone one-row batch, nothing queued behind it, on a CPU lane, of a shape whose runs have taken less than
+        `inline_max_ns`: the loop thread runs it itself, which costs less than handing it to the lane thread and
+        its answer back (two thread wake-ups, ~0.1 ms of CPU and latency at one client; issue #17)."""
+        if batch.size != 1 or self.batcher.pending or lane.on_gpu:
+            return False
+        return self._lone_ns.get(batch.entries[0].shape_key, self._inline_max_ns) < self._inline_max_ns
 
     def _complete(self, batch: Batch, lane: Any, result: Any, exc: BaseException | None, elapsed_ns: int) -> None:
         """The lane's reply, on the loop: the scheduler first (the lane's next batch starts now and computes while
         this one's answers are written), then the batch's futures."""
         self.in_flight -= 1
+        if self._inline_max_ns and batch.size == 1:
+            self._note_lone_run(batch, elapsed_ns)
         self._scheduler.finished(self, elapsed_ns)
         try:
             self._completion.resolve(batch, lane, result, exc)
@@ -91,6 +110,13 @@ class ModelExecutor:
             _note_traces(batch, lane)
         if self.batcher.closed is not None and not self.in_flight and not self.batcher.pending:
             self._on_drained()
+
+    def _note_lone_run(self, batch: Batch, elapsed_ns: int) -> None:
+        key = batch.entries[0].shape_key  # a long sequence must not inherit a short one's run time
+        seen = self._lone_ns.get(key)
+        if seen is None and len(self._lone_ns) >= _LONE_SHAPES:
+            self._lone_ns.clear()
+        self._lone_ns[key] = elapsed_ns if seen is None else seen + (elapsed_ns - seen) // 4
 
     # -- unload ---------------------------------------------------------------------------------
     async def close(self, drain_timeout_s: float) -> None:

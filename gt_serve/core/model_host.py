@@ -72,8 +72,10 @@ class LocalModelHost:
                  runner_factory: RunnerFactory, job_factory: JobFactory,
                  model_knobs: Mapping[str, Mapping[str, Any]] | None = None, *,
                  energy_observer: EnergyObserver | None = None, response_cache: bool = False,
-                 memory: MemoryBook | None = None, slo_s: Mapping[str, float] | None = None) -> None:
-        """`slo_s`: latency SLO per model name (router.slo_ms), for the spill path's check (core/spill.py)."""
+                 memory: MemoryBook | None = None, slo_s: Mapping[str, float] | None = None,
+                 inline_max_ns: int = 0) -> None:
+        """`slo_s`: latency SLO per model name (router.slo_ms), for the spill path's check (core/spill.py);
+        `inline_max_ns`: lone one-row batches shorter than this run on the loop thread (ModelExecutor)."""
         self.loop = loop
         self.scheduler = scheduler
         self.lanes = lanes
@@ -84,6 +86,7 @@ class LocalModelHost:
         self._response_cache = response_cache  # the server has a response cache (server.response_cache_bytes > 0)
         self._memory = memory  # model-memory budget book: footprints measured here (core/memory_budget.py)
         self._slo_s = dict(slo_s or {})
+        self._inline_max_ns = inline_max_ns
 
     def _lanes_for(self, cfg: mc.ModelConfig, cpu_only: bool = False) -> list:
         """instance_group -> the shared lanes this model may use: per group, `count` lanes of its kind
@@ -198,7 +201,7 @@ class LocalModelHost:
         executor = ModelExecutor(batcher, runners, self._job_factory,
                                  BatchCompletion(model.name, model.stats, self._energy_observer),
                                  self.scheduler, model.spec, version=model.version,
-                                 weight=float(knobs.get("weight", 1.0)))
+                                 weight=float(knobs.get("weight", 1.0)), inline_max_ns=self._inline_max_ns)
         providers = sorted({getattr(r, "provider", "?") for r in executor.runners})
         self.loop.call_soon_threadsafe(self.scheduler.register, executor)
         log.info("model %s v%s on lanes %s (%s), batching %s", model.name, model.version,

@@ -28,6 +28,7 @@ def test_grpc_transport_from_the_environment(monkeypatch):
     ({"lanes": {"io_binding": "sometimes"}}, ["lanes.io_binding", "sometimes"]),
     ({"lanes": {"gpu_memory_limit_bytes": -1}}, ["lanes.gpu_memory_limit_bytes", "-1"]),
     ({"lanes": {"spin_us": -5}}, ["lanes.spin_us", "-5"]),
+    ({"lanes": {"inline_max_us": -1}}, ["lanes.inline_max_us", "-1"]),
 ])
 def test_bad_values_are_named(raw, words):
     with pytest.raises(ConfigError) as err:

@@ -76,3 +76,26 @@ def test_a_failing_job_is_handed_back_and_the_lane_serves_the_next():
         finally:
             lane.stop()
     asyncio.run(main())
+
+
+def test_run_here_runs_on_the_calling_thread_and_replies_in_a_later_loop_turn():
+    async def main():
+        loop = asyncio.get_running_loop()
+        lane = Lane("cpu.0", "cpu", loop)  # no thread started: run_here needs none
+        replies: asyncio.Queue = asyncio.Queue()
+
+        def reply(tag, lane_, result, exc, elapsed_ns):
+            replies.put_nowait((tag, result, exc, elapsed_ns, threading.get_ident(), lane_.busy))
+
+        def broken():
+            raise ValueError("bad batch")
+
+        lane.run_here(threading.get_ident, reply, "lone")
+        assert lane.busy and replies.empty()  # the reply is not re-entrant: it comes in the loop's next turn
+        tag, result, exc, elapsed_ns, reply_thread, busy = await asyncio.wait_for(replies.get(), WAIT_S)
+        assert (tag, result, exc, busy) == ("lone", threading.get_ident(), None, False)
+        assert reply_thread == threading.get_ident() and lane.busy_ns == elapsed_ns and lane.batches_run == 1
+        lane.run_here(broken, reply, "bad")
+        tag, result, exc, *_ = await asyncio.wait_for(replies.get(), WAIT_S)
+        assert (tag, result) == ("bad", None) and isinstance(exc, ValueError) and lane.batches_run == 2
+    asyncio.run(main())

@@ -27,11 +27,20 @@ class FakeLane:
         self.lane_id, self.device = lane_id, device
         self.busy = False
         self.submitted = []
+        self.ran_here = []
         self.finished_ns = []
+
+    on_gpu = False
 
     def submit(self, job, reply, tag):
         self.busy = True
         self.submitted.append((job, reply, tag))
+
+    def run_here(self, job, reply, tag):
+        """As Lane.run_here: the job runs now, on the caller's thread; recorded, replied to by `finish_next`."""
+        self.busy = True
+        self.ran_here.append(tag)
+        self.submitted.append((lambda result=job(): result, reply, tag))
 
     def finish_next(self, elapsed_ns=1_000):
         job, reply, tag = self.submitted.pop(0)
@@ -81,12 +90,12 @@ class Runner:
         self.closed += 1
 
 
-def build(energy=None):
+def build(energy=None, inline_max_ns=0):
     lane, sched, runner = FakeLane(), RecordingScheduler(), Runner()
     stats = ModelStats("m", "1")
     batcher = Batcher("m", BatchConfig(8, (), 0.0), QueuePolicy(), wake=sched.notify)
     executor = ModelExecutor(batcher, {lane: runner}, runner.job, BatchCompletion("m", stats, energy), sched, SPEC,
-                             version="1")
+                             version="1", inline_max_ns=inline_max_ns)
     return executor, lane, sched, runner, stats
 
 
@@ -181,6 +190,65 @@ def test_close_after_the_drain_timeout_fails_the_queue_and_releases_when_the_bat
         assert runner.closed == 1
         executor.release()  # idempotent
         assert runner.closed == 1
+    asyncio.run(main())
+
+
+def test_a_lone_row_runs_on_the_loop_thread_once_its_shape_has_run_faster_than_the_limit():
+    async def main():
+        executor, lane, _, runner, _ = build(inline_max_ns=100_000)
+        first = executor.submit({"x": 1}, 1, ((4,),))
+        dispatch_all(executor, lane)
+        assert lane.ran_here == [] and runner.runs == []  # run time unknown: the lane thread's
+        lane.finish_next(elapsed_ns=40_000)
+        second = executor.submit({"x": 2}, 1, ((4,),))
+        dispatch_all(executor, lane)
+        assert len(lane.ran_here) == 1 and runner.runs == [[1], [2]]  # ran before dispatch returned
+        lane.finish_next(elapsed_ns=40_000)
+        assert [await asyncio.wait_for(f, WAIT_S) for f in (first, second)] == [[2], [4]]
+        other_shape = executor.submit({"x": 3}, 1, ((9,),))  # a longer row has not been timed
+        dispatch_all(executor, lane)
+        assert len(lane.ran_here) == 1
+        lane.finish_next(elapsed_ns=40_000)
+        two = [executor.submit({"x": x}, 1, ((4,),)) for x in (5, 6)]  # two rows: a batch for the lane
+        dispatch_all(executor, lane)
+        assert len(lane.ran_here) == 1
+        lane.finish_next(elapsed_ns=40_000)
+        assert [await asyncio.wait_for(f, WAIT_S) for f in (other_shape, *two)] == [[6], [10], [12]]
+    asyncio.run(main())
+
+
+def test_a_slow_shape_a_queue_behind_it_or_a_gpu_lane_keeps_the_lane_thread():
+    async def main():
+        executor, lane, _, _, _ = build(inline_max_ns=100_000)
+        executor.submit({"x": 1}, 1, ((4,),))
+        dispatch_all(executor, lane)
+        lane.finish_next(elapsed_ns=400_000)  # slower than the limit
+        executor.submit({"x": 1}, 1, ((4,),))
+        dispatch_all(executor, lane)
+        assert lane.ran_here == []
+        lane.finish_next(elapsed_ns=400_000)
+
+        fast, fast_lane, _, _, _ = build(inline_max_ns=100_000)
+        fast.submit({"x": 1}, 1, ((4,),))
+        dispatch_all(fast, fast_lane)
+        fast_lane.finish_next(elapsed_ns=1_000)
+        lone, behind = fast.submit({"x": 1}, 1, ((4,),)), fast.submit({"x": 2}, 1, ((4,),))
+        decision, head = fast.batcher.decide(time.monotonic_ns(), 1)
+        fast.dispatch(head[:1], fast_lane)  # one taken, one still queued behind it
+        assert fast_lane.ran_here == []
+        fast_lane.finish_next()
+        fast_lane.on_gpu = True
+        dispatch_all(fast, fast_lane)
+        assert fast_lane.ran_here == []  # a GPU lane's stream is the lane thread's
+        fast_lane.finish_next()
+        assert [await asyncio.wait_for(f, WAIT_S) for f in (lone, behind)] == [[2], [4]]
+
+        off, off_lane, _, _, _ = build()  # inline_max_ns 0: never
+        for _ in range(2):
+            off.submit({"x": 1}, 1, ((4,),))
+            dispatch_all(off, off_lane)
+            off_lane.finish_next(elapsed_ns=1)
+        assert off_lane.ran_here == []
     asyncio.run(main())
 
 
