@@ -1,12 +1,12 @@
-"""The event-loop thread's CPU per request, without sockets: an embedded App's HTTP and gRPC handlers driven
+"""The event-loop thread's CPU per request, without sockets: an embedded App's HTTP handler driven
 in-process by `--concurrency` coroutines with the request perf_analyzer sends (binary FP32 input, binary
 output), so that a change to the per-request Python can be measured apart from the socket system calls and the
 load generator's own CPU (which perf_sweep's numbers include and which swing with the machine).
 
     python bench/loop_cost.py [--model mlp|convnet] [--concurrency 64] [--requests 20000] [--rounds 3]
 
-Prints one JSON line per round and transport: the loop thread's CPU per request (time.thread_time, which the
-lane threads' onnxruntime work does not touch), the process's CPU per request and the requests per second.
+Prints one JSON line per round: the loop thread's CPU per request (time.thread_time, which the
+lane threads' onnxruntime work does not touch; a lone short row the loop runs itself, `lanes.inline_max_us`, does), the process's CPU per request and the requests per second.
 Compare two checkouts with alternating runs; on this noisy machine read ratios, not absolute numbers.
 """
 from __future__ import annotations
