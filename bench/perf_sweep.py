@@ -11,10 +11,12 @@ Raw onnxruntime: batch-1 latency and CPU per inference with 1 intra-op thread an
 best batched throughput. Also per inference: the server's main (event-loop) thread CPU, perf_analyzer's own
 CPU, and the `ceiling` that client sets on the 2 shared cores (raw best-batch CPU / (that + the client's CPU):
 the inf/s/raw a server costing nothing beyond onnxruntime would reach). Prints JSON lines (also appended to
---jsonl), then a table of ratios.
+--jsonl), then a table of ratios. With `--runs N` the whole sweep runs N times (raw, Triton, gt-serve each
+time), each run prints its own table, and a last table gives every figure's median over the runs and its range,
+the ratios taken within each run (bench/sweep_summary.py).
 
     python bench/perf_sweep.py [--models mlp,convnet] [--protocols http,grpc] [--concurrency 1,16,64]
-                               [--interval-ms 2000] [--triton-venv PATH] [--jsonl out.jsonl] [--quick]
+                               [--interval-ms 2000] [--triton-venv PATH] [--jsonl out.jsonl] [--quick] [--runs 3]
 
 perf_analyzer comes from bench/install-perf-analyzer.sh (idempotent; prints its wrapper's path), or --perf-analyzer.
 
@@ -44,6 +46,7 @@ sys.path.insert(0, str(HERE))
 
 import sweep_servers
 from common import CpuEnergyWindow, RaplMeter, emit, thread_cpu_s
+from sweep_summary import point_ratios, run_figures, summarise, summary_table
 
 from gt_serve.testing import model_builders as mb
 from gt_serve.testing.launcher import launch
@@ -223,17 +226,15 @@ def table(points: list[dict], raw: dict[str, dict]) -> str:
         if "error" in p:
             rows.append(f"{p['server']:9} {p['model']:8} {p['protocol']:5} {p['concurrency']:>4} {p['error'][:60]}")
             continue
-        r, t = raw[p["model"]], triton.get((p["model"], p["protocol"], p["concurrency"]))
-        t_ok = t is not None and "error" not in t and p["server"] != "triton"
+        r = raw[p["model"]]
+        q = point_ratios(p, r, triton.get((p["model"], p["protocol"], p["concurrency"])))
         rows.append(
             f"{p['server']:9} {p['model']:8} {p['protocol']:5} {p['concurrency']:>4} {p['inferences_per_s']:>8.0f} "
             f"{p['p50_ms']:>7.3f} {p['p99_ms']:>7.3f} {p['server_cpu_ms_per_inference']:>10.4f} "
             f"{p.get('main_thread_cpu_ms_per_inference', float('nan')):>7.4f} "
             f"{p.get('client_cpu_ms_per_inference', float('nan')):>7.4f} "
-            f"{p['server_cpu_ms_per_inference'] / r['batch1_cpu_ms']:>7.2f} "
-            f"{p['inferences_per_s'] / r['best_inferences_per_s']:>9.2f} {ceiling(p, r):>7.2f} "
-            f"{(p['inferences_per_s'] / t['inferences_per_s']) if t_ok else float('nan'):>12.2f} "
-            f"{(p['server_cpu_ms_per_inference'] / t['server_cpu_ms_per_inference']) if t_ok else float('nan'):>10.2f}")
+            f"{q['cpu_per_raw']:>7.2f} {q['infs_per_raw']:>9.2f} {ceiling(p, r):>7.2f} "
+            f"{q['infs_per_triton']:>12.2f} {q['cpu_per_triton']:>10.2f}")
     for model, r in raw.items():
         rows.append(f"raw onnxruntime {model}: batch-1 p50 {r['batch1_p50_ms']:.3f} ms, "
                     f"CPU {r['batch1_cpu_ms']:.4f} ms/inf (paced 0.5 ms apart: p50 {r['paced_p50_ms']:.3f} ms, "
@@ -253,6 +254,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gt-config", help="extra gt-serve YAML config (--config)")
     p.add_argument("--jsonl", help="also append every JSON line to this file")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 s windows, 1 s raw points")
+    p.add_argument("--runs", type=int, default=1,
+                   help="repeat the whole sweep (raw, Triton, gt-serve) this often; then the medians of the same-run "
+                        "ratios over the runs, with their range")
     a = p.parse_args()
     a.models = [m for m in a.models.split(",") if m]
     unknown = set(a.models) - set(MODELS)
@@ -272,18 +276,31 @@ def main() -> None:
     rapl = RaplMeter()
     cores = len(os.sched_getaffinity(0))
     repo = build_repo(tmp / "gt_repo", a.models, triton=False)
-    emit({"sweep": "perf_analyzer", "date": time.strftime("%Y-%m-%d"), "cores": cores,
-          "cpu": sweep_servers.cpu_model(), "rapl": rapl.available, "perf_analyzer": pa}, a.jsonl)
+    triton_repo = build_repo(tmp / "triton_repo", a.models, triton=True) if a.triton_venv else None
+    runs = []
+    for run in range(a.runs):
+        emit({"sweep": "perf_analyzer", "run": run, "date": time.strftime("%Y-%m-%d %H:%M"), "cores": cores,
+              "cpu": sweep_servers.cpu_model(), "rapl": rapl.available, "perf_analyzer": pa}, a.jsonl)
+        points, raw = one_run(a, pa, repo, triton_repo, rapl, cores, tmp)
+        print(table(points, raw), flush=True)
+        runs.append(run_figures(points, raw))
+    if a.runs > 1:
+        print(f"\nmedian of {a.runs} runs [lowest-highest], every ratio taken within its run:", flush=True)
+        print(summary_table(summarise(runs)), flush=True)
+
+
+def one_run(a: argparse.Namespace, pa: str, repo: Path, triton_repo: Path | None, rapl: RaplMeter, cores: int,
+            tmp: Path) -> tuple[list[dict], dict[str, dict]]:
+    """raw onnxruntime, then Triton (when its venv is given), then gt-serve: one run's points and raw baselines."""
     raw = {m: raw_baseline(repo, m, cores, a.raw_duration, a.jsonl) for m in a.models}
     points: list[dict] = []
-    if a.triton_venv:
-        triton_repo = build_repo(tmp / "triton_repo", a.models, triton=True)
+    if triton_repo is not None:
         with sweep_servers.triton(Path(a.triton_venv), triton_repo, tmp) as srv:
             points += sweep(pa, srv, a, rapl, tmp)
     args = ["--model-repository", str(repo)] + (["--config", a.gt_config] if a.gt_config else [])
     with sweep_servers.gt_serve(launch(args, workdir=tmp)) as srv:
         points += sweep(pa, srv, a, rapl, tmp)
-    print(table(points, raw), flush=True)
+    return points, raw
 
 
 if __name__ == "__main__":
