@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
+from .h2.frames import varint
+
 _GRPC_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 _MAX_STATUS_MESSAGE_CHARS = 4096
 
@@ -16,13 +18,7 @@ def _hpack_str(raw: bytes) -> bytes:
     n = len(raw)
     if n < 127:
         return bytes((n,)) + raw
-    out = bytearray((127,))
-    n -= 127
-    while n >= 128:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out) + raw
+    return b"\x7f" + varint(n - 127) + raw  # the 7-bit prefix full, the rest in continuation bytes
 
 
 def _literal(name: bytes, value: bytes) -> bytes:

@@ -23,6 +23,7 @@ from ..errors import Internal
 from ..types import InferRequest, InferResponse
 from .codec import raw_from_array
 from .grpc_codec import request_from_proto, response_to_proto
+from .h2.frames import varint
 from .request_forms import SkeletonTable, answer_key
 
 _RAW_INPUT_CONTENTS = 7
@@ -137,16 +138,5 @@ class GrpcAnswerTemplates:
         parts = [head]
         for t in resp.outputs:
             raw = raw_from_array(t.data, t.datatype)
-            parts += (_RAW_OUTPUT_CONTENTS_TAG, _varint(len(raw)), raw)
+            parts += (_RAW_OUTPUT_CONTENTS_TAG, varint(len(raw)), raw)
         return b"".join(parts)
-
-
-def _varint(n: int) -> bytes:
-    if n < 0x80:
-        return bytes((n,))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)

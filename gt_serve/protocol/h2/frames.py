@@ -27,6 +27,19 @@ unpack_u32 = struct.Struct(">I").unpack_from
 _setting = struct.Struct(">HI")
 
 
+def varint(n: int) -> bytes:
+    """`n` (>= 0) in 7-bit groups, least significant first, the high bit set on every group but the last: a
+    protobuf varint, and the continuation bytes of an HPACK integer past its prefix (RFC 7541 5.1)."""
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
 class H2ConnectionError(Exception):
     """A connection error: GOAWAY with `code`, then close."""
 
