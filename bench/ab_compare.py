@@ -14,7 +14,6 @@ line per run, then the mean per checkout and each one's ratio to the first.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import socket
@@ -72,33 +71,31 @@ def point(root: Path, a: argparse.Namespace, repo: Path, pa: str | None) -> dict
             stats = _get(f"http://127.0.0.1:{http}/v2/models/{a.model}/stats")["model_stats"]
             return sum(int(s["inference_count"]) for s in stats)
 
-        if a.client == "raw":
-            cmd = [sys.executable, str(HERE / "rawload.py"), "--url", f"127.0.0.1:{http}", "--model", a.model,
-                   "--concurrency", str(a.concurrency), "--duration", str(a.duration)]
-        else:
-            port = http if a.client == "http" else grpc
-            csv_path = Path(tempfile.mkdtemp(prefix="gt-ab-pa-")) / "pa.csv"
-            cmd = [pa, "-m", a.model, "-u", f"127.0.0.1:{port}", "-i", a.client, "-b", "1",
-                   "--concurrency-range", f"{a.concurrency}:{a.concurrency}",
-                   "--measurement-interval", str(int(a.duration * 1000)), "--max-trials", "3",
-                   "--stability-percentage", "100", "-f", str(csv_path)]
         n0, cpu0, loop0 = count(), tree_cpu_s(proc.pid), thread_cpu_s(proc.pid, proc.pid)
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 10 * a.duration)
+        measured = drive(a, pa, http, grpc)
         n = max(1, count() - n0)
         cpu, loop = tree_cpu_s(proc.pid) - cpu0, thread_cpu_s(proc.pid, proc.pid) - loop0
-        throughput = [line.split(":", 1)[1].strip() for line in out.stdout.splitlines() if "Throughput" in line]
-        res = {"root": str(root), "client": a.client, "model": a.model, "concurrency": a.concurrency,
-               "inferences": n, "server_cpu_ms_per_inference": round(cpu / n * 1e3, 4),
-               "loop_cpu_ms_per_inference": round(loop / n * 1e3, 4),
-               "client_says": throughput[0] if throughput else out.stdout.strip()[-160:]}
-        if a.client != "raw" and csv_path.exists():  # perf_analyzer's own figures: inf/s and client-side p50
-            with open(csv_path) as f:
-                row = next(csv.DictReader(f))
-            res.update(inferences_per_s=float(row["Inferences/Second"]), p50_ms=int(row["p50 latency"]) / 1e3)
-        return res
+        return {"root": str(root), "client": a.client, "model": a.model, "concurrency": a.concurrency,
+                "inferences": n, "server_cpu_ms_per_inference": round(cpu / n * 1e3, 4),
+                "loop_cpu_ms_per_inference": round(loop / n * 1e3, 4), **measured}
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+def drive(a: argparse.Namespace, pa: str | None, http: int, grpc: int) -> dict:
+    """One load point: perf_analyzer (3 trials; its inf/s and client-side p50, as perf_sweep reads them) or the
+    lean raw-HTTP client (what it prints)."""
+    if a.client != "raw":
+        port = http if a.client == "http" else grpc
+        return perf_sweep.perf_analyzer_point(pa, f"127.0.0.1:{port}", a.client, a.model, a.concurrency,
+                                              int(a.duration * 1000), Path(tempfile.mkdtemp(prefix="gt-ab-pa-")),
+                                              trials=3)
+    cmd = [sys.executable, str(HERE / "rawload.py"), "--url", f"127.0.0.1:{http}", "--model", a.model,
+           "--concurrency", str(a.concurrency), "--duration", str(a.duration)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 10 * a.duration)
+    throughput = [line.split(":", 1)[1].strip() for line in out.stdout.splitlines() if "Throughput" in line]
+    return {"client_says": throughput[0] if throughput else out.stdout.strip()[-160:]}
 
 
 def main() -> None:

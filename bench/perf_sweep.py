@@ -149,18 +149,19 @@ def run_perf_analyzer(pa: str, url: str, protocol: str, model: str, concurrency:
                       workdir: Path) -> dict:
     """One point; a point perf_analyzer found no stable window for is measured again once with windows twice as
     long (on a busy 2-core box a 1-client convnet point can swing past its stability check 5 windows running)."""
-    measured = _perf_analyzer_once(pa, url, protocol, model, concurrency, interval_ms, workdir)
+    measured = perf_analyzer_point(pa, url, protocol, model, concurrency, interval_ms, workdir)
     if "stable measurement" in measured.get("error", ""):
-        measured = dict(_perf_analyzer_once(pa, url, protocol, model, concurrency, 2 * interval_ms, workdir),
+        measured = dict(perf_analyzer_point(pa, url, protocol, model, concurrency, 2 * interval_ms, workdir),
                         retried_with_interval_ms=2 * interval_ms)
     return measured
 
 
-def _perf_analyzer_once(pa: str, url: str, protocol: str, model: str, concurrency: int, interval_ms: int,
-                        workdir: Path) -> dict:
+def perf_analyzer_point(pa: str, url: str, protocol: str, model: str, concurrency: int, interval_ms: int,
+                        workdir: Path, trials: int = 5) -> dict:
+    """One perf_analyzer run at one concurrency: its inf/s, p50 and p99 (from its CSV), or the error it gave."""
     csv_path = workdir / f"pa-{model}-{protocol}-{concurrency}-{time.monotonic_ns()}.csv"
     cmd = [pa, "-m", model, "-u", url, "-i", protocol, "-b", "1", "--concurrency-range", f"{concurrency}:{concurrency}",
-           "--measurement-interval", str(interval_ms), "--max-trials", "5", "--stability-percentage", "100",
+           "--measurement-interval", str(interval_ms), "--max-trials", str(trials), "--stability-percentage", "100",
            "-f", str(csv_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60 + 12 * interval_ms / 1000, check=False)
     if proc.returncode != 0 or not csv_path.exists():
