@@ -157,7 +157,7 @@ def test_any_frame_sequence_ends_cleanly_within_limits(loop, frames, cuts, setti
         if cut > pos:
             conn.data_received(wire[pos:cut])  # must not raise
             pos = cut
-        assert len(conn._buf) <= 9 + LIMITS.max_frame_bytes or transport.closed
+        assert conn._reader.pending <= 9 + LIMITS.max_frame_bytes or transport.closed
         assert len(conn.streams) <= LIMITS.max_concurrent_streams
         assert conn._headers.cache_bytes <= LIMITS.header_cache_bytes
         assert conn._flow.held <= LIMITS.connection_buffer_bytes + LIMITS.max_message_bytes
@@ -182,7 +182,7 @@ def test_a_peer_that_does_not_read_stops_being_read(loop):
     assert transport.reading_paused
     answered = [fr for fr in frames_of(bytes(transport.out)) if fr[0] == f.PING]
     assert 0 < len(answered) < 100
-    assert len(conn._buf) < len(pings)  # the unanswered ones wait, unread
+    assert 0 < conn._reader.pending < len(pings)  # the unanswered ones wait, unread
     total = 0
     for _ in range(100):  # drain until it stops pausing
         total += len([fr for fr in frames_of(bytes(transport.out)) if fr[0] == f.PING])

@@ -43,7 +43,6 @@ from .frames import (
     H2StreamError,
     frame,
     goaway,
-    next_frame,
     rst_stream,
     settings_payload,
     strip_padding,
@@ -51,6 +50,7 @@ from .frames import (
 from .hpack_cache import HeaderDecoder
 from .limits import H2Limits
 from .output import StreamOutput
+from .reader import FrameReader
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,8 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
         self._limits: H2Limits = server.limits
         self._transport: asyncio.Transport | None = None
         self._outbox: list = []  # response frames of this loop turn, sent together (StreamOutput._write_soon)
-        self._buf = bytearray()
+        self._preface_buf = bytearray()
+        self._reader = FrameReader(self._limits.max_frame_bytes)
         self._state = _AWAIT_PREFACE
         self.streams: dict[int, H2Stream] = {}
         self._last_sid = 0
@@ -151,9 +152,11 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
         if self._transport is None:
             return
         self._last_read_s = self._loop.time()
-        self._buf += data
-        if self._state == _AWAIT_PREFACE and not self._preface():
-            return
+        if self._state == _AWAIT_PREFACE:
+            data = self._preface(data)
+            if data is None:
+                return
+        self._reader.feed(data)
         self._process()
 
     def pause_writing(self) -> None:
@@ -172,30 +175,30 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
             self._flush_blocked()
 
     # ---- reading ----
-    def _preface(self) -> bool:
-        buf = self._buf
+    def _preface(self, data: bytes) -> bytes | None:
+        """What follows the connection preface in `data`, or None while the preface is incomplete (or wrong)."""
+        buf = self._preface_buf
+        buf += data
         if len(buf) < len(PREFACE):
             if not PREFACE.startswith(bytes(buf)):
                 self._connection_error(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-            return False
+            return None
         if bytes(buf[:len(PREFACE)]) != PREFACE:
             self._connection_error(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-            return False
-        del buf[:len(PREFACE)]
+            return None
         self._state = _AWAIT_SETTINGS
-        return True
+        rest = bytes(buf[len(PREFACE):])
+        buf.clear()
+        return rest
 
     def _process(self) -> None:
-        buf = self._buf
-        pos = 0
-        max_frame = self._limits.max_frame_bytes
+        next_frame = self._reader.next_frame
         try:
             while not self._write_paused:
-                parsed = next_frame(buf, pos, max_frame)
+                parsed = next_frame()
                 if parsed is None:
                     break
-                kind, flags, sid, payload, pos = parsed
-                self._on_frame(kind, flags, sid, payload)
+                self._on_frame(*parsed)
                 if self._transport is None:
                     return
         except H2ConnectionError as exc:
@@ -203,9 +206,7 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 - a bug must cost this connection only, with a GOAWAY
             log.exception("error in HTTP/2 connection")
             return self._connection_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
-        if pos:
-            del buf[:pos]
-        if buf:
+        if self._reader.pending:
             if self._partial_since_s is None:
                 self._partial_since_s = self._last_read_s
         else:

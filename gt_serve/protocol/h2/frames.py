@@ -1,5 +1,5 @@
-"""HTTP/2 frames (RFC 9113 section 4 and 6): constants, building, splitting a receive buffer into
-frames, padding, and the two typed errors of the protocol (connection and stream)."""
+"""HTTP/2 frames (RFC 9113 section 4 and 6): constants, building, padding, and the two typed errors of the
+protocol (connection and stream). Reading frames out of what a connection receives is reader.py's."""
 from __future__ import annotations
 
 import struct
@@ -98,18 +98,3 @@ def strip_padding(payload: bytes | memoryview, kind_name: str) -> bytes | memory
     if pad >= len(payload):
         raise H2ConnectionError(PROTOCOL_ERROR, f"{kind_name} padding of {pad} bytes exceeds the frame")
     return payload[1:len(payload) - pad]
-
-
-def next_frame(buf: bytearray, pos: int, max_frame_bytes: int):
-    """The frame at `pos` of `buf` as (kind, flags, stream_id, payload, next_pos), or None while it is
-    incomplete. A frame larger than `max_frame_bytes` is refused from its header alone."""
-    if len(buf) - pos < HEADER_BYTES:
-        return None
-    length = buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
-    if length > max_frame_bytes:
-        raise H2ConnectionError(FRAME_SIZE_ERROR, f"frame of {length} bytes (max {max_frame_bytes})")
-    end = pos + HEADER_BYTES + length
-    if len(buf) < end:
-        return None
-    sid = unpack_u32(buf, pos + 5)[0] & 0x7FFFFFFF
-    return buf[pos + 3], buf[pos + 4], sid, bytes(buf[pos + HEADER_BYTES:end]), end
