@@ -1,7 +1,9 @@
 """Performance the way Triton users measure it: NVIDIA's perf_analyzer (C++ client) against gt-serve, Triton
 (when installed) and raw onnxruntime in-process, in one run, with CPU and energy per inference (issue #17).
 
-Models: `mlp` (256-1024-1024-10 FP32) and `convnet` (VGG-style, 3x64x64, ~100 MFLOP), each with
+Models: `mlp` (256-1024-1024-10 FP32) and `convnet` (VGG-style, 3x64x64, ~100 MFLOP), and on request `image`
+(a 3x224x224 FP32 input, 588 KiB, reduced to 10 numbers: next to no compute, so it measures what carrying an
+image-sized tensor in costs; its raw "best batched" figure is memory bandwidth, read it against Triton), each with
 `max_batch_size 32`, `dynamic_batching { max_queue_delay_microseconds: 500 }`, one CPU instance; batch-1
 requests over HTTP and gRPC at concurrency 1, 16, 64 (by default). Per point: inf/s, p50/p99 (perf_analyzer's
 client-side latency), server CPU-seconds per inference (utime+stime of the server's whole process tree from
@@ -51,7 +53,8 @@ from sweep_summary import point_ratios, run_figures, summarise, summary_table
 from gt_serve.testing import model_builders as mb
 from gt_serve.testing.launcher import launch
 
-MODELS = {"mlp": ([256], lambda p: mb.mlp(p)), "convnet": ([3, 64, 64], lambda p: mb.cnn(p, head="dense"))}
+MODELS = {"mlp": ([256], lambda p: mb.mlp(p)), "convnet": ([3, 64, 64], lambda p: mb.cnn(p, head="dense")),
+          "image": ([3, 224, 224], lambda p: mb.image_head(p))}
 CONFIG = """name: "{name}"
 {platform}max_batch_size: 32
 input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
@@ -245,7 +248,7 @@ def table(points: list[dict], raw: dict[str, dict]) -> str:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="mlp,convnet")
+    p.add_argument("--models", default="mlp,convnet", help=f"of {', '.join(MODELS)}")
     p.add_argument("--protocols", default="http,grpc")
     p.add_argument("--concurrency", default="1,16,64")
     p.add_argument("--interval-ms", type=int, default=2000, help="perf_analyzer measurement window")

@@ -127,6 +127,19 @@ def mlp(path: Path, sizes=(256, 1024, 1024, 10), seed: int = 0) -> None:
     _save(helper.make_graph(nodes, "mlp", [inp], [outp], initializer=inits), path)
 
 
+def image_head(path: Path, channels: int = 3, classes: int = 10, seed: int = 0) -> None:
+    """FP32 INPUT [B, channels, H, W] (any H, W) -> OUTPUT [B, classes]: the mean of each channel times a matrix.
+    Next to no compute: what a server costs to carry an image-sized tensor (3x224x224 = 588 KiB) in and out."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(seed).standard_normal((channels, classes)).astype(np.float32)
+    nodes = [helper.make_node("ReduceMean", ["INPUT"], ["mean"], axes=[2, 3], keepdims=0),
+             helper.make_node("MatMul", ["mean", "W"], ["OUTPUT"])]
+    inp = helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", channels, "h", "w"])
+    outp = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", classes])
+    _save(helper.make_graph(nodes, "image_head", [inp], [outp], initializer=[numpy_helper.from_array(w, "W")]), path)
+
+
 def _conv_stack(rng, nodes, inits, x: str, layers) -> str:
     for name, cin, cout, stride in layers:
         w = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
