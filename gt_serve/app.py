@@ -30,7 +30,7 @@ from .execution.batch_job import SimpleArrayBackend
 from .execution.job_factory import JobFactory
 from .execution.lane_plan import start_lanes
 from .execution.lanes import Lane
-from .execution.process_tuning import raise_open_file_limit, tune_gc
+from .execution.process_tuning import raise_open_file_limit, tune_gc, tune_malloc
 
 log = logging.getLogger("gt_serve")
 
@@ -348,6 +348,7 @@ class App:
         try:
             await self.start()
             tune_gc()
+            tune_malloc()
             await self._stop_event.wait()
             log.info("shutting down: draining in-flight requests")
         finally:
