@@ -84,9 +84,10 @@ class LanesConfig:
     # onnxruntime intra-op threads spin this long within a run before sleeping (0 = never spin; they never spin
     # after a run). 0 by default: spinning cost ~25 % more CPU per inference at 1 client (issue #17)
     spin_us: int = 0
-    # a lone one-row request whose runs take less than this runs on the event loop's thread instead of the lane's:
-    # no hand-off to the lane thread and back (at one client ~0.9x CPU and p50 per inference; issue #17). The loop
-    # is busy for that long, so keep it short; 0 = every batch runs on its lane's thread. CPU lanes only.
+    # a one-row batch whose runs take less than this runs on the event loop's thread instead of the lane's (unless
+    # requests wait and another lane of the model is idle): no hand-off to the lane thread and back (at one client
+    # ~0.9x CPU and p50 per inference; a model without dynamic batching under load 0.76-0.87x CPU; issue #17). The
+    # loop is busy for that long, so keep it short; 0 = every batch runs on its lane's thread. CPU lanes only.
     inline_max_us: int = 300
     gpu_streams_per_device: int = 2
     gpus: tuple[int, ...] = ()  # empty = every visible GPU

@@ -75,7 +75,7 @@ class LocalModelHost:
                  memory: MemoryBook | None = None, slo_s: Mapping[str, float] | None = None,
                  inline_max_ns: int = 0) -> None:
         """`slo_s`: latency SLO per model name (router.slo_ms), for the spill path's check (core/spill.py);
-        `inline_max_ns`: lone one-row batches shorter than this run on the loop thread (ModelExecutor)."""
+        `inline_max_ns`: one-row batches shorter than this run on the loop thread (ModelExecutor._runs_inline)."""
         self.loop = loop
         self.scheduler = scheduler
         self.lanes = lanes

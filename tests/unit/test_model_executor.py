@@ -90,11 +90,12 @@ class Runner:
         self.closed += 1
 
 
-def build(energy=None, inline_max_ns=0):
+def build(energy=None, inline_max_ns=0, extra_lanes=(), max_batch_size=8):
     lane, sched, runner = FakeLane(), RecordingScheduler(), Runner()
     stats = ModelStats("m", "1")
-    batcher = Batcher("m", BatchConfig(8, (), 0.0), QueuePolicy(), wake=sched.notify)
-    executor = ModelExecutor(batcher, {lane: runner}, runner.job, BatchCompletion("m", stats, energy), sched, SPEC,
+    batcher = Batcher("m", BatchConfig(max_batch_size, (), 0.0), QueuePolicy(), wake=sched.notify)
+    runners = {lane: runner, **{extra: runner for extra in extra_lanes}}
+    executor = ModelExecutor(batcher, runners, runner.job, BatchCompletion("m", stats, energy), sched, SPEC,
                              version="1", inline_max_ns=inline_max_ns)
     return executor, lane, sched, runner, stats
 
@@ -217,7 +218,7 @@ def test_a_lone_row_runs_on_the_loop_thread_once_its_shape_has_run_faster_than_t
     asyncio.run(main())
 
 
-def test_a_slow_shape_a_queue_behind_it_or_a_gpu_lane_keeps_the_lane_thread():
+def test_a_slow_shape_an_idle_lane_for_the_queue_or_a_gpu_lane_keeps_the_lane_thread():
     async def main():
         executor, lane, _, _, _ = build(inline_max_ns=100_000)
         executor.submit({"x": 1}, 1, ((4,),))
@@ -228,16 +229,19 @@ def test_a_slow_shape_a_queue_behind_it_or_a_gpu_lane_keeps_the_lane_thread():
         assert lane.ran_here == []
         lane.finish_next(elapsed_ns=400_000)
 
-        fast, fast_lane, _, _, _ = build(inline_max_ns=100_000)
+        other = FakeLane("cpu.1")
+        fast, fast_lane, _, _, _ = build(inline_max_ns=100_000, extra_lanes=[other], max_batch_size=0)
         fast.submit({"x": 1}, 1, ((4,),))
         dispatch_all(fast, fast_lane)
         fast_lane.finish_next(elapsed_ns=1_000)
         lone, behind = fast.submit({"x": 1}, 1, ((4,),)), fast.submit({"x": 2}, 1, ((4,),))
-        decision, head = fast.batcher.decide(time.monotonic_ns(), 1)
-        fast.dispatch(head[:1], fast_lane)  # one taken, one still queued behind it
-        assert fast_lane.ran_here == []
+        dispatch_all(fast, fast_lane)  # a model that does not batch: one taken, one queued behind it
+        assert fast_lane.ran_here == []  # the other lane is idle: this one computes while the loop hands it the next
+        dispatch_all(fast, other)
         fast_lane.finish_next()
+        other.finish_next()
         fast_lane.on_gpu = True
+        fast.submit({"x": 3}, 1, ((4,),))
         dispatch_all(fast, fast_lane)
         assert fast_lane.ran_here == []  # a GPU lane's stream is the lane thread's
         fast_lane.finish_next()
@@ -249,6 +253,28 @@ def test_a_slow_shape_a_queue_behind_it_or_a_gpu_lane_keeps_the_lane_thread():
             dispatch_all(off, off_lane)
             off_lane.finish_next(elapsed_ns=1)
         assert off_lane.ran_here == []
+    asyncio.run(main())
+
+
+def test_a_lone_row_with_a_queue_behind_it_runs_on_the_loop_when_no_other_lane_is_idle():
+    """A model without dynamic batching under load: every batch is one row and more wait; handing each to the
+    lane thread and back cost more than the run (issue #17), and the waiting ones could not have joined it."""
+    async def main():
+        busy_other = FakeLane("cpu.1")
+        executor, lane, _, runner, _ = build(inline_max_ns=100_000, extra_lanes=[busy_other], max_batch_size=0)
+        executor.submit({"x": 1}, 1, ((4,),))
+        dispatch_all(executor, lane)
+        lane.finish_next(elapsed_ns=1_000)  # the shape is timed: fast
+        busy_other.busy = True  # running something of its own
+        futures = [executor.submit({"x": x}, 1, ((4,),)) for x in (2, 3, 4)]
+        dispatch_all(executor, lane)
+        assert lane.ran_here and runner.runs[-1] == [2] and executor.pending == 2
+        lane.finish_next()
+        for _ in range(2):
+            dispatch_all(executor, lane)
+            lane.finish_next()
+        assert len(lane.ran_here) == 3
+        assert [await asyncio.wait_for(f, WAIT_S) for f in futures] == [[4], [6], [8]]
     asyncio.run(main())
 
 
