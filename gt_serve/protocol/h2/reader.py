@@ -13,11 +13,13 @@ kept to four times the payload's own bytes, which the connection's flow control 
 """
 from __future__ import annotations
 
+import struct
 from collections import deque
 
-from .frames import DATA, FRAME_SIZE_ERROR, HEADER_BYTES, H2ConnectionError, unpack_u32
+from .frames import DATA, FRAME_SIZE_ERROR, HEADER_BYTES, H2ConnectionError
 
 VIEW_MIN_BYTES = 16384
+_HEAD = struct.Struct(">BHBBI").unpack_from  # length (high byte, low 16 bits), type, flags, R + stream id
 
 
 class FrameReader:
@@ -50,32 +52,26 @@ class FrameReader:
             if self._partial:
                 whole = self._complete_partial()
                 return None if whole is None else self._whole_frame(whole)
-            frame = self._read(self._chunk, self._pos)
-            if frame is not None:
-                return frame
+            chunk, pos = self._chunk, self._pos
+            avail = len(chunk) - pos
+            if avail >= HEADER_BYTES:
+                high, low, kind, flags, sid = _HEAD(chunk, pos)
+                length = high << 16 | low
+                if length > self.max_frame_bytes:
+                    raise _oversized(length, self.max_frame_bytes)
+                start = pos + HEADER_BYTES
+                end = start + length
+                if end <= len(chunk):
+                    self._pos = end
+                    if kind == DATA and length >= self.view_min and 4 * length >= len(chunk):
+                        return kind, flags, sid & 0x7FFFFFFF, memoryview(chunk)[start:end]
+                    return kind, flags, sid & 0x7FFFFFFF, chunk[start:end]
+            if avail:  # the chunk ends inside a frame: its start waits in _partial for the rest
+                self._partial += memoryview(chunk)[pos:]
+            self._chunk, self._pos = b"", 0
             if not self._more:
                 return None
-            self._chunk, self._pos = self._more.popleft(), 0
-
-    def _read(self, chunk: bytes, pos: int):
-        """The frame at `pos` of `chunk`, or None when the chunk ends first (its rest then moves to _partial)."""
-        avail = len(chunk) - pos
-        if avail >= HEADER_BYTES:
-            length = self._length(chunk, pos)
-            end = pos + HEADER_BYTES + length
-            if end <= len(chunk):
-                self._pos = end
-                start = pos + HEADER_BYTES
-                kind = chunk[pos + 3]
-                if kind == DATA and length >= self.view_min and 4 * length >= len(chunk):
-                    payload = memoryview(chunk)[start:end]
-                else:
-                    payload = chunk[start:end]
-                return kind, chunk[pos + 4], unpack_u32(chunk, pos + 5)[0] & 0x7FFFFFFF, payload
-        if avail:
-            self._partial += memoryview(chunk)[pos:]
-        self._chunk, self._pos = b"", 0
-        return None
+            self._chunk = self._more.popleft()
 
     def _complete_partial(self) -> bytearray | None:
         """Move into _partial just the bytes that complete its frame, from the chunks that came since (the rest
@@ -99,14 +95,18 @@ class FrameReader:
         return partial
 
     def _whole_frame(self, buf: bytearray):
-        kind = buf[3]
+        _, _, kind, flags, sid = _HEAD(buf, 0)
         payload = memoryview(buf)[HEADER_BYTES:]
         if kind != DATA or len(payload) < self.view_min:
             payload = bytes(payload)
-        return kind, buf[4], unpack_u32(buf, 5)[0] & 0x7FFFFFFF, payload
+        return kind, flags, sid & 0x7FFFFFFF, payload
 
     def _length(self, buf, pos: int) -> int:
         length = buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
         if length > self.max_frame_bytes:
-            raise H2ConnectionError(FRAME_SIZE_ERROR, f"frame of {length} bytes (max {self.max_frame_bytes})")
+            raise _oversized(length, self.max_frame_bytes)
         return length
+
+
+def _oversized(length: int, limit: int) -> H2ConnectionError:
+    return H2ConnectionError(FRAME_SIZE_ERROR, f"frame of {length} bytes (max {limit})")
