@@ -24,6 +24,7 @@ request for it reloads it and waits up to `reload_wait_s` (every request waits o
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import time
@@ -37,13 +38,30 @@ log = logging.getLogger(__name__)
 EVICTED_REASON = "evicted (memory budget)"
 
 
+def _malloc_trim():
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    trim.argtypes, trim.restype = (ctypes.c_size_t,), ctypes.c_int
+    return trim
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
 def no_device_bytes(device: str) -> int | None:
     """The default `device_bytes`: no device is measurable (footprints fall back to the RSS delta)."""
     return None
 
 
 def process_rss_bytes() -> int:
-    """The process's resident set size (Linux /proc/self/statm); 0 where it cannot be read."""
+    """The process's resident set size (Linux /proc/self/statm); 0 where it cannot be read. With glibc, freed heap
+    is handed back to the system first (malloc_trim), so that the difference of two readings counts memory in use,
+    not the freed heap the server keeps for its next requests (execution/process_tuning.tune_malloc): a session
+    created from that heap would not have grown the RSS."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
     try:
         with open("/proc/self/statm", "rb") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -66,3 +66,27 @@ def test_tune_malloc_keeps_large_blocks_on_the_heap_instead_of_faulting_them_in_
 def test_tune_malloc_leaves_an_operators_own_settings_alone():
     assert not tune_malloc({"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "0"})
     assert not tune_malloc({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"})
+
+
+TRIM_CHILD = """
+import os
+from gt_serve.core.memory_budget import process_rss_bytes
+from gt_serve.execution.process_tuning import tune_malloc
+def statm():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+assert tune_malloc({})
+blocks = [bytearray(600_000) for _ in range(60)]  # 36 MB, written
+del blocks  # kept by the heap, still resident
+kept = statm()
+print(kept - process_rss_bytes())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_a_load_measures_memory_in_use_not_the_freed_heap_the_server_keeps():
+    """memory_budget's RSS reading hands freed heap back first: a session made from kept heap must still count."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", TRIM_CHILD], capture_output=True, text=True, timeout=60, check=True,
+                         env=env)
+    assert int(out.stdout.split()[-1]) > 20_000_000
