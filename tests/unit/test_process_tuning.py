@@ -50,14 +50,23 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
 """
 
 
-def _faults_per_cycle(mode: str) -> float:
+glibc_only = pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+                                reason="glibc only")
+
+
+def _child_output(code: str, *args: str) -> str:
+    """The last word `code` printed, run in a fresh interpreter with glibc's malloc at its defaults."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", MALLOC_CHILD, mode], capture_output=True, text=True, timeout=60,
-                         check=True, env=env)
-    return float(out.stdout.split()[-1])
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60, check=True,
+                         env=env)
+    return out.stdout.split()[-1]
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def _faults_per_cycle(mode: str) -> float:
+    return float(_child_output(MALLOC_CHILD, mode))
+
+
+@glibc_only
 def test_tune_malloc_keeps_large_blocks_on_the_heap_instead_of_faulting_them_in_again():
     assert _faults_per_cycle("default") > 500  # the heap's top went back to the system and came again
     assert _faults_per_cycle("tuned") < 20
@@ -83,10 +92,7 @@ print(kept - process_rss_bytes())
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
+@glibc_only
 def test_a_load_measures_memory_in_use_not_the_freed_heap_the_server_keeps():
     """memory_budget's RSS reading hands freed heap back first: a session made from kept heap must still count."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", TRIM_CHILD], capture_output=True, text=True, timeout=60, check=True,
-                         env=env)
-    assert int(out.stdout.split()[-1]) > 20_000_000
+    assert int(_child_output(TRIM_CHILD)) > 20_000_000
