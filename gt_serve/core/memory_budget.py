@@ -24,7 +24,6 @@ request for it reloads it and waits up to `reload_wait_s` (every request waits o
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import os
 import time
@@ -32,22 +31,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import GtServeError, Unavailable
+from ..execution.process_tuning import release_free_heap
 
 log = logging.getLogger(__name__)
 
 EVICTED_REASON = "evicted (memory budget)"
-
-
-def _malloc_trim():
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-    trim.argtypes, trim.restype = (ctypes.c_size_t,), ctypes.c_int
-    return trim
-
-
-_MALLOC_TRIM = _malloc_trim()
 
 
 def no_device_bytes(device: str) -> int | None:
@@ -60,8 +48,7 @@ def process_rss_bytes() -> int:
     is handed back to the system first (malloc_trim), so that the difference of two readings counts memory in use,
     not the freed heap the server keeps for its next requests (execution/process_tuning.tune_malloc): a session
     created from that heap would not have grown the RSS."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+    release_free_heap()
     try:
         with open("/proc/self/statm", "rb") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -49,10 +49,27 @@ def tune_malloc(environ: Mapping[str, str] = os.environ) -> bool:
     if any(k in environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")) \
             or "malloc." in environ.get("GLIBC_TUNABLES", ""):
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc (musl, macOS)
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return (mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES) == 1
+    mallopt = _glibc("mallopt", (ctypes.c_int, ctypes.c_int))
+    return (mallopt is not None and mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES) == 1
             and mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES) == 1)
+
+
+def release_free_heap() -> None:
+    """glibc only: hand the heap's free memory back to the system now (malloc_trim), e.g. before reading the RSS
+    that a model load is measured by (core/memory_budget.process_rss_bytes)."""
+    trim = _MALLOC_TRIM
+    if trim is not None:
+        trim(0)
+
+
+def _glibc(name: str, argtypes: tuple):
+    """glibc's function `name` with its int result, or None elsewhere (musl, macOS)."""
+    try:
+        func = getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+    func.argtypes, func.restype = argtypes, ctypes.c_int
+    return func
+
+
+_MALLOC_TRIM = _glibc("malloc_trim", (ctypes.c_size_t,))
