@@ -49,12 +49,8 @@ class Lane:
         """Run `job` on the calling thread (the loop's) now; `reply` comes in the loop's next turn, as from the
         lane thread. For a lone job shorter than the two thread hand-offs it saves (the caller decides)."""
         self.busy = True
-        start_ns = _now_ns()
-        try:
-            result, exc = job(), None
-        except Exception as e:  # the batch fails, the loop lives on
-            result, exc = None, e
-        self.loop.call_soon(self._finished, reply, tag, result, exc, _now_ns() - start_ns)
+        timed = self._timed(job, Exception)  # the batch fails, the loop lives on
+        self.loop.call_soon(self._finished, reply, tag, *timed)
 
     def finish(self, elapsed_ns: int) -> None:
         """Bookkeeping for one finished batch, on the loop thread (the only writer of these fields)."""
@@ -73,20 +69,26 @@ class Lane:
             if item is None:
                 return
             job, reply, tag = item
-            start_ns = _now_ns()
+            timed = self._timed(job, BaseException)  # handed to the loop: the batch fails, the lane lives on
             try:
-                if self.stream is not None:
-                    with self.stream:
-                        result = job()
-                else:
-                    result = job()
-                exc = None
-            except BaseException as e:  # handed to the loop: the batch fails, the lane lives on
-                result, exc = None, e
-            try:
-                call(self._finished, reply, tag, result, exc, _now_ns() - start_ns)
+                call(self._finished, reply, tag, *timed)
             except RuntimeError:  # loop closed during shutdown
                 return
+
+    def _timed(self, job: Callable[[], Any], catch: type[BaseException]) -> tuple[Any, BaseException | None, int]:
+        """(result, None, elapsed_ns) of `job` run here (in the lane's CUDA stream, if it has one), or (None, what
+        it raised, elapsed_ns) for an exception of kind `catch`."""
+        start_ns = _now_ns()
+        try:
+            if self.stream is not None:
+                with self.stream:
+                    result = job()
+            else:
+                result = job()
+            exc = None
+        except catch as e:
+            result, exc = None, e
+        return result, exc, _now_ns() - start_ns
 
     def stop(self, join_timeout_s: float = 5.0) -> None:
         self._jobs.put(None)
