@@ -120,10 +120,10 @@ def main() -> None:
     for root, runs in results.items():
         cpu = sum(r["server_cpu_ms_per_inference"] for r in runs) / len(runs)
         loop = sum(r["loop_cpu_ms_per_inference"] for r in runs) / len(runs)
-        p50 = [r["p50_ms"] for r in runs if "p50_ms" in r]
-        ref = ref or (cpu, loop, sum(p50) / len(p50) if p50 else 0.0)
-        latency = (f", p50 {sum(p50) / len(p50):.3f} ms ({sum(p50) / len(p50) / ref[2]:.2f}x)"
-                   if p50 and ref[2] else "")
+        p50s = [r["p50_ms"] for r in runs if "p50_ms" in r]
+        p50 = sum(p50s) / len(p50s) if p50s else 0.0
+        ref = ref or (cpu, loop, p50)
+        latency = f", p50 {p50:.3f} ms ({p50 / ref[2]:.2f}x)" if p50 and ref[2] else ""
         print(f"{root}: server CPU {cpu:.4f} ms/inf ({cpu / ref[0]:.2f}x the first), event-loop thread "
               f"{loop:.4f} ms/inf ({loop / ref[1]:.2f}x){latency}")
 
