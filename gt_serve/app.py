@@ -320,6 +320,8 @@ class App:
         if self.grpc is not None:
             closing.append(self.grpc.stop(drain_s))
         await asyncio.gather(*closing)
+        if self.dataplane is not None:
+            self.dataplane.close()
         if self.metrics is not None:
             await self.metrics.close(1.0)
         if self.cluster is not None:

@@ -234,6 +234,10 @@ class DataPlane:
     async def shm_status(self, name: str = "") -> list[dict]:
         return self._shm.status(name)
 
+    def close(self) -> None:
+        """After the front ends have stopped: the shared memory regions' kept descriptors are closed."""
+        self._shm.close()
+
     async def cuda_shm_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         self._cuda_shm.register(name, raw_handle, device_id, byte_size)
 

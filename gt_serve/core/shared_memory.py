@@ -1,8 +1,12 @@
 """System shared memory regions (POSIX shm under /dev/shm), registered by name.
 
-Regions are re-opened and re-validated on each use (a client may recreate them); reads and writes
-use pread/pwrite on a file descriptor, so nothing stays mapped between requests and a region that
-is truncated later cannot raise SIGBUS here: it is refused by the size check before the copy.
+Reads and writes use pread/pwrite on a file descriptor, so nothing is ever mapped and a region that
+is truncated later cannot raise SIGBUS here: it is refused by the size check before the copy. The
+object behind a key is re-validated on each use (a client may recreate it, or swap it for a
+symlink): the descriptor opened for it is kept (at most MAX_KEPT keys, least recently used first
+out) and used only while `lstat` of the key still names the same object (device and inode), whose
+size and owner that `lstat` also gives; anything else is opened afresh through every check below.
+Two system calls per tensor instead of six (issue #17: perf_analyzer `--shared-memory system`).
 
 The rules (what Triton's shm_open-based registration implies, made explicit):
 - a key is `/name` or `name`: one path component directly in /dev/shm, no further '/', no NUL,
@@ -19,7 +23,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from ..errors import AlreadyExists, InvalidArgument
 
@@ -28,6 +33,16 @@ MAX_KEY_BYTES = 255  # NAME_MAX: what shm_open accepts for the name after the le
 MAX_NAME_CHARS = 1024  # region names are only dictionary keys; bounded so a request cannot store megabytes
 MAX_EXTENT = 2**63 - 1  # off_t
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+MAX_KEPT = 64  # descriptors kept open for recently used keys (a client may register many more regions)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A descriptor open on the object a key named when it was opened, and that object's identity."""
+    fd: int
+    dev: int
+    ino: int
+    writable: bool
 
 
 @dataclass(frozen=True)
@@ -36,6 +51,7 @@ class Region:
     key: str
     offset: int
     byte_size: int
+    path: str = field(default="", compare=False, repr=False)  # the object's path under the shm root, checked once
 
     def as_dict(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -82,6 +98,7 @@ class SystemSharedMemory:
     def __init__(self, root: str = SHM_ROOT) -> None:
         self._root = root
         self._regions: dict[str, Region] = {}
+        self._kept: OrderedDict[str, _Kept] = OrderedDict()  # by path; used on the event loop only
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         name = check_name(name)
@@ -90,19 +107,23 @@ class SystemSharedMemory:
         byte_size = check_extent("byte_size", byte_size, what, minimum=1)
         if name in self._regions:
             raise AlreadyExists(f"{what} is already registered")
-        check_key(key, what)
-        fd = self._open(key, what, writable=False)
-        try:
-            self._check_fits(fd, offset + byte_size, what, key)
-        finally:
-            os.close(fd)
-        self._regions[name] = Region(name, key, offset, byte_size)
+        path = os.path.join(self._root, check_key(key, what))
+        _, size = self._object(path, key, what, writable=False)
+        self._check_fits(size, offset + byte_size, what, key)
+        self._regions[name] = Region(name, key, offset, byte_size, path)
 
     def unregister(self, name: str = "") -> None:
         if not name:
             self._regions.clear()
-            return
-        self._regions.pop(name, None)
+        else:
+            self._regions.pop(name, None)
+        in_use = {r.path for r in self._regions.values()}
+        for path in [path for path in self._kept if path not in in_use]:
+            self._forget(path)  # a client unlinking the object after this gets its memory back
+
+    def close(self) -> None:
+        """Unregister everything and close the kept descriptors (the server is stopping)."""
+        self.unregister()
 
     def status(self, name: str = "") -> list[dict]:
         if name:
@@ -115,13 +136,11 @@ class SystemSharedMemory:
     def read(self, name: str, offset: object, nbytes: object, tensor: str) -> bytes:
         what = f"input '{tensor}'"
         region, start, nbytes = self._locate(name, offset, nbytes, what)
-        fd = self._open(region.key, f"{what}: shared memory region '{name}'", writable=False)
-        try:
-            self._check_fits(fd, start + nbytes, f"{what}: shared memory region '{name}'", region.key)
-            data = os.pread(fd, nbytes, start)
-        finally:
-            os.close(fd)
-        if len(data) != nbytes:  # truncated between fstat and pread
+        where = f"{what}: shared memory region '{name}'"
+        fd, size = self._object(region.path, region.key, where, writable=False)
+        self._check_fits(size, start + nbytes, where, region.key)
+        data = os.pread(fd, nbytes, start)
+        if len(data) != nbytes:  # truncated between the size check and the read
             raise InvalidArgument(f"{what}: shared memory region '{name}' is shorter than registered")
         return data
 
@@ -132,12 +151,10 @@ class SystemSharedMemory:
         if nbytes > capacity:
             raise InvalidArgument(f"{what}: {nbytes} bytes do not fit the {capacity} bytes given for "
                                   f"shared memory region '{name}'")
-        fd = self._open(region.key, f"{what}: shared memory region '{name}'", writable=True)
-        try:
-            self._check_fits(fd, start + capacity, f"{what}: shared memory region '{name}'", region.key)
-            os.pwrite(fd, data, start)
-        finally:
-            os.close(fd)
+        where = f"{what}: shared memory region '{name}'"
+        fd, size = self._object(region.path, region.key, where, writable=True)
+        self._check_fits(size, start + capacity, where, region.key)  # a truncated object is not grown again
+        os.pwrite(fd, data, start)
 
     def check(self, name: object, offset: object, nbytes: object, what: str) -> None:
         """Validate a tensor's region, offset and size before the model runs (no file access)."""
@@ -148,12 +165,41 @@ class SystemSharedMemory:
         region = self._regions.get(name) if isinstance(name, str) else None
         if region is None:
             raise InvalidArgument(f"Unable to find shared memory region: '{name}' ({what}: the region is not registered)")
-        offset = check_extent("shared_memory_offset", offset, what)
-        nbytes = check_extent("shared_memory_byte_size", nbytes, what)
+        if type(offset) is not int or not 0 <= offset <= MAX_EXTENT:  # the usual case without a call
+            offset = check_extent("shared_memory_offset", offset, what)
+        if type(nbytes) is not int or not 0 <= nbytes <= MAX_EXTENT:
+            nbytes = check_extent("shared_memory_byte_size", nbytes, what)
         if offset + nbytes > region.byte_size:
             raise InvalidArgument(f"{what}: shared_memory_offset {offset} + shared_memory_byte_size {nbytes} is "
                                   f"outside shared memory region '{name}' ({region.byte_size} bytes)")
         return region, region.offset + offset, nbytes
+
+    def _object(self, path: str, key: str, what: str, writable: bool) -> tuple[int, int]:
+        """(a descriptor on the object `key` names now, its size). The kept descriptor serves while `lstat` of
+        the key finds the object it was opened on (a symlink or a recreated object is another inode, so it
+        goes through `_open`'s checks afresh); the owner is checked on every use, as a chown may come later."""
+        kept = self._kept.get(path)
+        if kept is not None and (kept.writable or not writable):
+            try:
+                st = os.lstat(path)
+            except OSError:
+                st = None
+            if st is not None and st.st_ino == kept.ino and st.st_dev == kept.dev:
+                self._check_owner(st, key, what)
+                self._kept.move_to_end(path)
+                return kept.fd, st.st_size
+        self._forget(path)
+        fd = self._open(key, what, writable)
+        st = os.fstat(fd)
+        self._kept[path] = _Kept(fd, st.st_dev, st.st_ino, writable)
+        while len(self._kept) > MAX_KEPT:
+            self._forget(next(iter(self._kept)))
+        return fd, st.st_size
+
+    def _forget(self, path: str) -> None:
+        kept = self._kept.pop(path, None)
+        if kept is not None:
+            os.close(kept.fd)
 
     def _open(self, key: str, what: str, writable: bool) -> int:
         """Open the region's object without following links and check it is ours to use."""
@@ -175,13 +221,16 @@ class SystemSharedMemory:
             raise InvalidArgument(f"{what}: shared memory key '{key}' is not a regular shared memory object")
         if st.st_dev != os.stat(self._root).st_dev:
             raise InvalidArgument(f"{what}: shared memory key '{key}' is not on the shared memory filesystem")
+        self._check_owner(st, key, what)
+
+    @staticmethod
+    def _check_owner(st: os.stat_result, key: str, what: str) -> None:
         if st.st_uid != os.geteuid():
             raise InvalidArgument(f"{what}: shared memory key '{key}' is owned by uid {st.st_uid}, not by the "
                                   f"server's uid {os.geteuid()}")
 
     @staticmethod
-    def _check_fits(fd: int, end: int, what: str, key: str) -> None:
-        size = os.fstat(fd).st_size
+    def _check_fits(size: int, end: int, what: str, key: str) -> None:
         if end > size:
             raise InvalidArgument(f"{what}: offset + byte_size ({end} bytes) exceeds the {size}-byte "
                                   f"shared memory object '{key}'")

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from gt_serve.core.shared_memory import MAX_KEY_BYTES, SystemSharedMemory, check_extent, check_key
+from gt_serve.core.shared_memory import MAX_KEPT, MAX_KEY_BYTES, SystemSharedMemory, check_extent, check_key
 from gt_serve.errors import AlreadyExists, Code, InvalidArgument
 
 SIZE_BYTES = 64
@@ -177,3 +177,57 @@ def test_output_larger_than_its_capacity_is_refused(shm):
     shm.register("r", "/region", 0, 16)
     with pytest.raises(InvalidArgument, match="12 bytes do not fit the 8 bytes"):
         shm.write("r", 0, b"x" * 12, 8, "OUT")
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_kept_descriptor_serves_reads_and_writes(shm, root, monkeypatch):
+    shm.register("r", "/region", 0, SIZE_BYTES)
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    for i in range(5):
+        assert shm.read("r", 0, 4, "IN") == (bytes([9] * 4) if i else bytes(range(4)))
+        shm.write("r", 0, bytes([9] * 4), 4, "OUT")
+    assert len(opened) == 1  # once more to write (registration opened it read-only), then neither
+
+
+def test_a_recreated_object_is_opened_afresh(shm, root):
+    shm.register("r", "/region", 0, 8)
+    assert shm.read("r", 0, 8, "IN") == bytes(range(8))
+    (root / "region").unlink()  # the client recreates its region under the same key
+    (root / "region").write_bytes(b"\xaa" * 16)
+    assert shm.read("r", 0, 8, "IN") == b"\xaa" * 8
+    shm.write("r", 0, b"\x01" * 8, 8, "OUT")
+    assert (root / "region").read_bytes() == b"\x01" * 8 + b"\xaa" * 8
+    (root / "region").unlink()
+    with pytest.raises(InvalidArgument, match="does not exist"):
+        shm.read("r", 0, 8, "IN")
+
+
+def test_kept_descriptors_are_bounded_and_closed_with_their_regions(shm, root):
+    before = open_fds()
+    for i in range(MAX_KEPT + 8):
+        (root / f"k{i}").write_bytes(bytes([i]) * 8)
+        shm.register(f"r{i}", f"/k{i}", 0, 8)
+    assert open_fds() - before == MAX_KEPT
+    assert shm.read("r0", 0, 8, "IN") == bytes(8)  # one let go is opened again
+    assert open_fds() - before == MAX_KEPT
+    shm.register("again", "/k3", 0, 8)  # two regions on one key share its descriptor
+    shm.unregister("r3")
+    assert shm.read("again", 0, 8, "IN") == bytes([3]) * 8
+    shm.unregister()
+    assert open_fds() == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another uid needs root")
+def test_an_object_given_away_after_registration_is_refused(shm, root):
+    shm.register("r", "/region", 0, 8)
+    assert shm.read("r", 0, 8, "IN") == bytes(range(8))
+    os.chown(root / "region", 65534, 65534)
+    with pytest.raises(InvalidArgument, match="owned by uid 65534"):
+        shm.read("r", 0, 8, "IN")
+    with pytest.raises(InvalidArgument, match="owned by uid 65534"):
+        shm.write("r", 0, b"x" * 8, 8, "OUT")
