@@ -3,8 +3,9 @@
 check_inputs: names, datatypes, shapes, batch size (the model's and the server's limit), UTF-8 of
 BYTES, and shared-memory inputs read from their region; returns what the executor takes.
 check_outputs: requested output names, `classification`, and output regions (checked, not written).
-check_request: both, once per request form (InferRequest.form) and loaded model when the form's outputs name
-no shared-memory region: a later request of that form is not checked again (its data is all that differs).
+check_request: both, once per request form (InferRequest.form) and loaded model: a later request of that form is
+not checked again (its data is all that differs), except that its inputs in shared memory are read and its
+regions looked up again (a region may have been unregistered or truncated since).
 Every failure is an InvalidArgument naming the tensor and the model.
 """
 from __future__ import annotations
@@ -29,17 +30,46 @@ def check_request(model: LoadedModel, request: InferRequest, shm: SystemSharedMe
     if form is not None:
         checked = model.checked_forms.get(form)
         if checked is not None:
-            batch_size, shape_key, requested = checked
+            batch_size, shape_key, requested, in_shm = checked
+            if in_shm:
+                return _shm_feeds(model, request, shm), batch_size, shape_key, _recheck(requested, shm)
             return {t.name: t.data for t in request.inputs}, batch_size, shape_key, \
                 None if requested is None else list(requested)
     feeds, batch_size, shape_key = check_inputs(model, request, shm, max_batch_size)
     requested = check_outputs(model, request.outputs, shm)
-    if form is not None and (requested is None or not any(o.in_shared_memory for o in requested)):
+    if form is not None:
         forms = model.checked_forms
         if len(forms) >= MAX_CHECKED_FORMS:
             forms.clear()
-        forms[form] = (batch_size, shape_key, None if requested is None else tuple(requested))
+        in_shm = any(t.data is None for t in request.inputs) or \
+            (requested is not None and any(o.in_shared_memory for o in requested))
+        forms[form] = (batch_size, shape_key, None if requested is None else tuple(requested), in_shm)
     return feeds, batch_size, shape_key, requested
+
+
+def _shm_feeds(model: LoadedModel, request: InferRequest, shm: SystemSharedMemory) -> dict:
+    """A checked form's feeds: its data, and its inputs in shared memory read from their regions."""
+    feeds = {}
+    for tensor in request.inputs:
+        data = tensor.data
+        if data is None:
+            data = read_shm_input(tensor, shm)
+            if data.dtype == object:
+                check_utf8(tensor.name, model.name, data)
+        feeds[tensor.name] = data
+    return feeds
+
+
+def _recheck(requested: tuple[RequestedOutput, ...] | None, shm: SystemSharedMemory) -> list[RequestedOutput] | None:
+    """A checked form's requested outputs, their regions looked up again."""
+    if requested is None:
+        return None
+    for out in requested:
+        if out.in_shared_memory:
+            p = out.parameters
+            shm.check(p["shared_memory_region"], p.get("shared_memory_offset", 0), p.get("shared_memory_byte_size"),
+                      f"output '{out.name}'")
+    return list(requested)
 
 
 def check_inputs(model: LoadedModel, request: InferRequest, shm: SystemSharedMemory,

@@ -3,7 +3,8 @@
 
 Our own HTTP/2 transport hands ModelInfer its message as bytes. Clients serialize the fields in field-number
 order, so `raw_input_contents` (field 7, the data) comes last: everything before its first entry (model name,
-version, id, parameters, inputs, requested outputs: fields 1-6) is the key. The top level of the message is
+version, id, parameters, inputs, requested outputs: fields 1-6) is the key; a message without it (every input in
+shared memory) is its own key. The top level of the message is
 walked, not parsed: each field's tag and length. Any other layout (another wire type, an unknown field, a
 field after the data, a length past the end) takes the full path (protobuf parse + grpc_codec.request_from_proto),
 as does a key not seen before or data entries of other sizes, so that path names whatever is wrong. Decoding a
@@ -33,7 +34,8 @@ MAX_KEY_BYTES = 4096  # a larger head is decoded in full every time
 
 
 def split_message(data) -> tuple[int, list[int], list[int]] | None:
-    """(where raw_input_contents begins, each entry's start, each entry's length) for the usual layout, else None."""
+    """(where raw_input_contents begins, or the message's end without it; each entry's start, each entry's length)
+    for the usual layout, else None."""
     n = len(data)
     pos = 0
     head_end = -1
@@ -67,8 +69,8 @@ def split_message(data) -> tuple[int, list[int], list[int]] | None:
         elif head_end >= 0 or not 1 <= field < _RAW_INPUT_CONTENTS:
             return None
         pos += length
-    if head_end < 0:
-        return None
+    if head_end < 0:  # no data in the message: every input in shared memory, or data in `contents`
+        head_end = n
     return head_end, starts, sizes
 
 

@@ -3,10 +3,11 @@
 A client sends the same JSON part over and over (perf_analyzer, tritonclient with fixed shapes: the
 same names, datatypes, shapes, binary sizes and requested outputs); only the binary data after it
 changes. The first request with a given JSON part is decoded and checked in full
-(`http_infer.decode_request`). When every input is binary, fixed-size and not in shared memory and
-the request sets no timeout, its skeleton is kept under the JSON part's bytes, and a later request
-whose JSON part is byte-for-byte the same only wraps its binary parts as arrays: no JSON parsing and
-no per-field checks, which were ~10 µs of the ~80 µs of Python a small request cost (issue #17).
+(`http_infer.decode_request`). When every input is binary and fixed-size, or names a shared-memory
+region (perf_analyzer `--shared-memory system`), and the request sets no timeout, its skeleton is
+kept under the JSON part's bytes, and a later request whose JSON part is byte-for-byte the same only
+wraps its binary parts as arrays: no JSON parsing and no per-field checks, which were ~10 µs of the
+~80 µs of Python a small request cost (issue #17).
 Anything else, or a body whose binary part has another length, takes the full path, which names
 what is wrong. Bounded: a full table starts over.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 from ..types import InferRequest, InferResponse
 from .codec import BINARY_DATA_SIZE, raw_from_array
 from .http_infer import decode_request, encode_response
-from .request_forms import SkeletonTable, answer_key
+from .request_forms import SkeletonTable, answer_key, in_shared_memory
 
 
 class RequestTemplates:
@@ -58,7 +59,8 @@ class RequestTemplates:
     def _learn(self, key: bytes, request: InferRequest, binary_bytes: int) -> None:
         if request.deadline_s is not None:  # a timeout counts from each request's arrival
             return
-        sizes = [t.parameters.get(BINARY_DATA_SIZE) for t in request.inputs]  # binary inputs follow each other
+        # binary inputs follow each other; an input in shared memory has no part
+        sizes = [t.parameters.get(BINARY_DATA_SIZE) for t in request.inputs if not in_shared_memory(t)]
         if None not in sizes and sum(sizes) == binary_bytes:
             self._table.learn(key, request, sizes)
 

@@ -3,10 +3,11 @@ encoded text, apart from the input data, is byte-for-byte the same.
 
 A client sends the same request over and over with new data (perf_analyzer, tritonclient with fixed shapes:
 the same names, datatypes, shapes, data sizes and requested outputs). The first such request is decoded and
-checked in full by the front end's own decoder. When every input holds fixed-size data in the message (not
-BYTES, not in shared memory) and the request sets no timeout of its own, its `Skeleton` is kept under the
+checked in full by the front end's own decoder. When every input holds fixed-size data in the message or names
+a system shared-memory region (not BYTES) and the request sets no timeout of its own, its `Skeleton` is kept under the
 encoded text that is not data (the key is the front end's: the JSON part of an HTTP request, the fields before
-`raw_input_contents` of a gRPC one), and a later request with that key only wraps its data as arrays.
+`raw_input_contents` of a gRPC one), and a later request with that key only wraps its data as arrays. An input in
+shared memory keeps its region's parameters and no data: the data plane reads the region for each request.
 
 A skeleton's per-tensor parameter dicts and requested outputs are shared by the requests made from it and are
 read-only downstream; each request gets its own `parameters` dict and lists. The skeleton is the requests'
@@ -24,25 +25,29 @@ from .codec import SHM_REGION, numpy_dtype
 
 class Skeleton:
     __slots__ = ("model_name", "version", "inputs", "outputs", "params", "request_id", "priority", "sizes", "offsets",
-                 "total")
+                 "total", "in_shm")
 
     def __init__(self, request: InferRequest, inputs: list, sizes: tuple[int, ...]) -> None:
         self.model_name = request.model_name
         self.version = request.model_version
-        self.inputs = inputs  # (name, datatype, shape, parameters, numpy dtype, element count)
+        self.inputs = inputs  # (name, datatype, shape, parameters, numpy dtype or None in shared memory, elements)
         self.outputs = None if request.outputs is None else list(request.outputs)  # not the first request's list
         self.params = dict(request.parameters)
         self.request_id = request.id
         self.priority = request.priority
-        self.sizes = sizes  # each input's data size in bytes, in order
+        self.sizes = sizes  # the data size in bytes of each input with data in the message, in order
         self.offsets = tuple(sum(sizes[:i]) for i in range(len(sizes)))  # where each lies when they follow each other
         self.total = sum(sizes)
+        self.in_shm = any(entry[4] is None for entry in inputs)
 
     def request(self, model_name: str, version: str, buffer: Any, starts: Sequence[int]) -> InferRequest:
         """A request of this form for `model_name` / `version` whose inputs' data lie in `buffer` at `starts`
-        (in input order)."""
-        inputs = [Tensor(name, datatype, shape, np.frombuffer(buffer, dtype, count, start).reshape(shape), params)
-                  for (name, datatype, shape, params, dtype, count), start in zip(self.inputs, starts)]
+        (in input order; inputs in shared memory have none)."""
+        if self.in_shm:
+            inputs = self._with_shm_inputs(buffer, starts)
+        else:
+            inputs = [Tensor(name, datatype, shape, np.frombuffer(buffer, dtype, count, start).reshape(shape), params)
+                      for (name, datatype, shape, params, dtype, count), start in zip(self.inputs, starts)]
         outputs = self.outputs
         request = InferRequest(model_name, version, self.request_id, inputs,
                                None if outputs is None else list(outputs), dict(self.params) if self.params else {})
@@ -50,19 +55,37 @@ class Skeleton:
         request.form = self  # the data plane checks this form once per model
         return request
 
+    def _with_shm_inputs(self, buffer: Any, starts: Sequence[int]) -> list[Tensor]:
+        at = iter(starts)
+        return [Tensor(name, datatype, shape,
+                       None if dtype is None else np.frombuffer(buffer, dtype, count, next(at)).reshape(shape), params)
+                for name, datatype, shape, params, dtype, count in self.inputs]
+
+
+def in_shared_memory(tensor: Tensor) -> bool:
+    """An input whose data is in a system shared-memory region, not in the message."""
+    return tensor.data is None and SHM_REGION in tensor.parameters
+
 
 def skeleton_of(request: InferRequest, sizes: Sequence[int]) -> Skeleton | None:
-    """The skeleton of a fully decoded request whose inputs' data sizes are `sizes`, or None when its form
-    cannot be reused (an input without data in the message, BYTES, shared memory). The caller keeps requests
-    with a timeout of their own out: a deadline is each request's own."""
-    if len(sizes) != len(request.inputs):
-        return None
+    """The skeleton of a fully decoded request whose inputs with data in the message have data sizes `sizes`, or
+    None when its form cannot be reused (BYTES, an input with no data in the message or a region). The caller keeps
+    requests with a timeout of their own out: a deadline is each request's own."""
     inputs = []
-    for t, size in zip(request.inputs, sizes):
+    size_of = iter(sizes)
+    for t in request.inputs:
         params = t.parameters
-        if t.data is None or t.datatype == "BYTES" or SHM_REGION in params or t.data.nbytes != size:
+        if t.datatype == "BYTES":
+            return None
+        if in_shared_memory(t):
+            inputs.append((t.name, t.datatype, t.shape, params, None, 0))
+            continue
+        size = next(size_of, None)
+        if t.data is None or SHM_REGION in params or t.data.nbytes != size:
             return None
         inputs.append((t.name, t.datatype, t.shape, params, numpy_dtype(t.datatype), t.data.size))
+    if next(size_of, None) is not None:
+        return None
     return Skeleton(request, inputs, tuple(sizes))
 
 

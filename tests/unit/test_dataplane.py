@@ -25,6 +25,7 @@ from gt_serve.core.node_view import NodeView
 from gt_serve.core.outlier import OutlierDetector
 from gt_serve.core.registry import ModelRegistry, Opened
 from gt_serve.core.router import Router
+from gt_serve.core.shared_memory import SystemSharedMemory
 from gt_serve.edge.messages import Caps, Status, Telemetry
 from gt_serve.errors import (
     InvalidArgument,
@@ -235,6 +236,40 @@ async def test_a_request_form_is_checked_once_per_loaded_model(tmp_path):
     with pytest.raises(InvalidArgument, match="r0"):
         await plane.infer(request(outputs=[shm_out], form=object()))
     assert registry.get("scaled").checked_forms == {}
+
+
+@pytest.mark.asyncio
+async def test_a_form_in_shared_memory_reads_and_looks_up_its_regions_each_time(tmp_path):
+    root = tmp_path / "shm"
+    root.mkdir()
+    for key in ("in", "out"):
+        (root / key).write_bytes(bytes(16))
+    plane, registry, _ = await make_plane(tmp_path, load=("scaled",), shm=SystemSharedMemory(str(root)))
+    await plane.shm_register("in", "/in", 0, 16)
+    await plane.shm_register("out", "/out", 0, 16)
+    form = object()
+
+    def shm_request() -> InferRequest:
+        return InferRequest("scaled", "", "r1", [Tensor("INPUT", "FP32", (1, 4), None, {
+            "shared_memory_region": "in", "shared_memory_byte_size": 16})], [RequestedOutput("OUTPUT", {
+                "shared_memory_region": "out", "shared_memory_byte_size": 16})], form=form)
+
+    for step in range(3):  # the client writes new data into its region between requests
+        with open(root / "in", "r+b") as f:
+            f.write((np.arange(4, dtype=np.float32) + step).tobytes())
+        resp = await plane.infer(shm_request())
+        assert resp.outputs[0].data is None and resp.outputs[0].parameters["shared_memory_region"] == "out"
+        np.testing.assert_array_equal(np.frombuffer((root / "out").read_bytes(), np.float32),
+                                      (np.arange(4) + step) * 2)
+    assert set(registry.get("scaled").checked_forms) == {form}
+    # a region unregistered after the form was checked: the error a first request gets
+    await plane.shm_unregister("out")
+    with pytest.raises(InvalidArgument, match="'out'.*not registered"):
+        await plane.infer(shm_request())
+    await plane.shm_unregister("in")
+    with pytest.raises(InvalidArgument, match="'in'.*not registered"):
+        await plane.infer(shm_request())
+    plane.close()
 
 
 def test_invalid_input_names_the_input_once():

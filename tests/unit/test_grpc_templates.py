@@ -43,9 +43,12 @@ def test_the_usual_layout_splits_at_the_data():
     assert pb.ModelInferRequest.FromString(data[:head_end]).raw_input_contents == []  # the head holds no data
 
 
+def test_a_message_without_data_entries_is_its_own_key():
+    for data in (b"", message({}).SerializeToString()):
+        assert split_message(data) == (len(data), [], [])
+
+
 @pytest.mark.parametrize("data", [
-    b"",
-    message({}).SerializeToString(),  # no data entries
     message({"A": ("FP32", np.zeros(2, np.float32))}).SerializeToString() + b"\x0a\x01m",  # a field after the data
     b"\x40\x01" + message({"A": ("FP32", np.zeros(2, np.float32))}).SerializeToString(),  # field 8, a varint
     b"\x0a\x05ab",  # a length past the end
@@ -112,7 +115,28 @@ def test_a_message_that_does_not_parse_is_the_calls_internal_error():
         templates.decode(b"\x3a\x02ab\x0a")  # split fails: the full parse names it
 
 
-@pytest.mark.parametrize("case", ["timeout", "bytes", "shm", "no raw"])
+def test_inputs_in_shared_memory_are_kept_with_their_regions_and_no_data():
+    """perf_analyzer --shared-memory system: every input in a region (no raw_input_contents at all), or some."""
+    templates = GrpcRequestTemplates()
+    a = np.arange(2, dtype=np.float32).reshape(1, 2)
+    for raw in ({}, {"A": ("FP32", a)}):
+        msg = message(raw)
+        s = msg.inputs.add(name="S", datatype="FP32", shape=[1, 2])
+        s.parameters["shared_memory_region"].string_param = "r"
+        s.parameters["shared_memory_byte_size"].int64_param = 8
+        data = msg.SerializeToString()
+        hits = templates.hits
+        for _ in range(3):
+            got = templates.decode(data)
+            same(got, request_from_proto(msg))
+            assert got.inputs[-1].data is None
+            assert got.inputs[-1].parameters == {"shared_memory_region": "r", "shared_memory_byte_size": 8}
+        assert templates.hits == hits + 1 and got.form is not None
+        if raw:
+            assert np.array_equal(got.inputs[0].data, a)
+
+
+@pytest.mark.parametrize("case", ["timeout", "bytes", "no raw"])
 def test_requests_that_are_not_kept(case):
     templates = GrpcRequestTemplates()
     if case == "timeout":
@@ -121,11 +145,6 @@ def test_requests_that_are_not_kept(case):
         msg = message({})
         msg.inputs.add(name="S", datatype="BYTES", shape=[1])
         msg.raw_input_contents.append(b"\x02\x00\x00\x00hi")
-    elif case == "shm":
-        msg = message({"A": ("FP32", np.zeros((1, 2), np.float32))})
-        shm = msg.inputs.add(name="S", datatype="FP32", shape=[1, 2])
-        shm.parameters["shared_memory_region"].string_param = "r"
-        shm.parameters["shared_memory_byte_size"].int64_param = 8
     else:
         msg = message({})
         msg.inputs.add(name="A", datatype="FP32", shape=[1, 2]).contents.fp32_contents.extend([1.0, 2.0])

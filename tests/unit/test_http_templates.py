@@ -29,7 +29,10 @@ def same(a, b) -> None:
     assert len(a.inputs) == len(b.inputs)
     for x, y in zip(a.inputs, b.inputs):
         assert (x.name, x.datatype, x.shape, x.parameters) == (y.name, y.datatype, y.shape, y.parameters)
-        assert x.data.dtype == y.data.dtype and x.data.shape == y.data.shape and np.array_equal(x.data, y.data)
+        if x.data is None or y.data is None:  # an input in shared memory: its region's parameters, no data
+            assert x.data is None and y.data is None
+        else:
+            assert x.data.dtype == y.data.dtype and x.data.shape == y.data.shape and np.array_equal(x.data, y.data)
 
 
 def test_repeated_json_part_decoded_once_with_each_requests_own_data():
@@ -49,6 +52,34 @@ def test_repeated_json_part_decoded_once_with_each_requests_own_data():
     assert templates.hits == 3  # learned when seen the second time
     # the requests made from the skeleton share one form, which the data plane checks once per model
     assert forms[:2] == [None, None] and forms[2] is not None and all(f is forms[2] for f in forms[2:])
+
+
+def test_inputs_in_shared_memory_are_kept_with_their_regions_and_no_data():
+    """perf_analyzer --shared-memory system: a JSON part naming regions, a binary part for the other inputs (or
+    none), Inference-Header-Content-Length given; the data plane reads the regions for each request."""
+    templates = RequestTemplates()
+    region = {"shared_memory_region": "in", "shared_memory_byte_size": 8}
+    out = [{"name": "OUT", "parameters": {"shared_memory_region": "out", "shared_memory_byte_size": 8}}]
+    shm_only = orjson.dumps({"id": "", "inputs": [{"name": "S", "datatype": "FP32", "shape": [1, 2],
+                                                   "parameters": region}], "outputs": out})
+    a = np.arange(3, dtype=np.int32).reshape(1, 3)
+    head = orjson.dumps({"inputs": [{"name": "S", "datatype": "FP32", "shape": [1, 2], "parameters": region},
+                                    {"name": "A", "datatype": "INT32", "shape": [1, 3],
+                                     "parameters": {"binary_data_size": a.nbytes}}]})
+    for body, n in ((shm_only, len(shm_only)), (head + a.tobytes(), len(head))):
+        hits = templates.hits
+        forms = []
+        for _ in range(3):
+            got = templates.decode("m", "1", body, n)
+            same(got, decode_request("m", "1", body, n))
+            assert got.inputs[0].data is None and got.inputs[0].parameters == region
+            forms.append(got.form)
+        assert templates.hits == hits + 1 and forms[2] is not None
+        if len(got.inputs) == 2:
+            assert np.array_equal(got.inputs[1].data, a)
+    # another binary length still takes the full decoder, which names it
+    with pytest.raises(InvalidArgument, match="unexpected additional input data"):
+        templates.decode("m", "1", head + a.tobytes() + b"xyzw", len(head))
 
 
 def test_each_request_gets_its_own_parameters_and_output_list():
