@@ -11,7 +11,7 @@ as does a key not seen before or data entries of other sizes, so that path names
 small request this way costs ~3.8 µs against ~7.6 µs for the full path (issue #17; best of 10 interleaved rounds).
 
 Answers the same way (`GrpcAnswerTemplates`): a ModelInferResponse whose outputs all hold fixed-size data and
-carry no parameters is its fields 1-5 (model, version, id, outputs' names, datatypes and shapes), serialized once
+carry no parameters, or were written to shared memory (their regions' parameters then in the key), is its fields 1-5 (model, version, id, outputs' names, datatypes and shapes), serialized once
 per such key, followed by one `raw_output_contents` entry per output: the bytes protobuf would have written.
 """
 from __future__ import annotations
@@ -139,6 +139,9 @@ class GrpcAnswerTemplates:
         self.hits += 1
         parts = [head]
         for t in resp.outputs:
+            if t.data is None:  # written to shared memory: an empty entry, as response_to_proto writes it
+                parts += (_RAW_OUTPUT_CONTENTS_TAG, b"\x00")
+                continue
             raw = raw_from_array(t.data, t.datatype)
             parts += (_RAW_OUTPUT_CONTENTS_TAG, varint(len(raw)), raw)
         return b"".join(parts)

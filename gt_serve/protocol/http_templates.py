@@ -14,9 +14,9 @@ what is wrong. Bounded: a full table starts over.
 The skeletons themselves and their table are protocol/request_forms.py, shared with the gRPC templates
 (protocol/grpc_templates.py); a skeleton is its requests' `form`, which the data plane checks once per model.
 
-Answers the same way (`AnswerTemplates`): when every output that holds data goes back binary, the JSON part of
-the answer is a function of the model, version, id, the outputs' names, datatypes and shapes and what the
-request asked for, so it is encoded once per such key (`http_infer.encode_response` on a miss) and the HTTP
+Answers the same way (`AnswerTemplates`): when every output that holds data goes back binary (or was written to
+shared memory), the JSON part of the answer is a function of the model, version, id, the outputs' names, datatypes
+and shapes (and regions) and what the request asked for, so it is encoded once per such key (`http_infer.encode_response` on a miss) and the HTTP
 headers with it; an answer then costs its outputs' raw views.
 """
 from __future__ import annotations
@@ -82,14 +82,18 @@ class AnswerTemplates:
             if known is not None:
                 self.hits += 1
                 json_part, headers, heads = known
-                return [json_part, *[raw_from_array(t.data, t.datatype) for t in resp.outputs if t.data.size]], \
-                    headers, heads
+                return [json_part, *[raw_from_array(t.data, t.datatype) for t in resp.outputs
+                                     if t.data is not None and t.data.size]], headers, heads
         parts, json_bytes = encode_response(resp, req)
         if json_bytes is None:
-            return parts, {"Content-Type": "application/json"}, None
-        headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(json_bytes)}
-        if key is None or len(parts) - 1 != sum(1 for t in resp.outputs if t.data.size):  # not all binary
-            return parts, headers, None
+            headers = {"Content-Type": "application/json"}
+            if key is None or any(t.data is not None for t in resp.outputs):  # JSON data
+                return parts, headers, None
+            # else every output went to shared memory: the answer is its JSON part alone
+        else:
+            headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(json_bytes)}
+            if key is None or len(parts) - 1 != sum(1 for t in resp.outputs if t.data is not None and t.data.size):
+                return parts, headers, None  # not all binary
         if len(self._answers) >= self.capacity:
             self._answers.clear()
         heads: dict = {}

@@ -121,15 +121,24 @@ class SkeletonTable:
         self._seen_once.discard(key)
 
 
+_SHM_OUTPUT_KEYS = frozenset((SHM_REGION, "shared_memory_offset", "shared_memory_byte_size"))
+
+
 def answer_key(resp: InferResponse) -> tuple | None:
     """What an answer template is keyed by, both front ends: (model, version, id, each output's name, datatype and
-    shape), or None for an answer with parameters or an output without fixed-size data of its own (shared memory,
-    classification, BYTES)."""
+    shape, and for an output written to shared memory its region's parameters), or None for an answer with
+    parameters or an output without fixed-size data of its own (classification, BYTES)."""
     if resp.parameters:
         return None
     outputs = []
     for t in resp.outputs:
-        if t.data is None or t.parameters or t.datatype == "BYTES":
+        params = t.parameters
+        if t.data is None:  # written to a region: the data plane checked these three, a str and two ints
+            if not params or not _SHM_OUTPUT_KEYS.issuperset(params):
+                return None
+            outputs.append((t.name, t.datatype, t.shape, tuple(sorted(params.items()))))
+            continue
+        if params or t.datatype == "BYTES":
             return None
         outputs.append((t.name, t.datatype, t.shape))
     return resp.model_name, resp.model_version, resp.id, tuple(outputs)

@@ -188,10 +188,26 @@ def test_an_answer_is_the_bytes_protobuf_writes_with_its_head_serialized_once():
 @pytest.mark.parametrize("resp", [
     answer(Tensor("A", "FP32", (1,), np.zeros(1, np.float32)), params={"tag": "x"}),
     answer(Tensor("S", "BYTES", (1,), np.array([b"ab"], dtype=object))),
-    answer(Tensor("A", "FP32", (1,), None, {"shared_memory_region": "r", "shared_memory_byte_size": 4})),
+    answer(Tensor("A", "FP32", (1,), None, {"shared_memory_region": "r", "other": [1]})),
 ])
 def test_answers_that_are_not_kept_are_still_right(resp):
     answers = GrpcAnswerTemplates()
     for _ in range(2):
         assert answers.encode(resp) == response_to_proto(resp).SerializeToString()
     assert answers.hits == 0
+
+
+def test_outputs_written_to_shared_memory_are_kept_with_their_regions():
+    answers = GrpcAnswerTemplates()
+    region = {"shared_memory_region": "r", "shared_memory_byte_size": 4, "shared_memory_offset": 8}
+    for i in range(3):
+        for shm_out in (Tensor("S", "FP32", (1,), None, region),
+                        Tensor("S", "FP32", (1,), None, {**region, "shared_memory_offset": 0})):  # another key
+            resp = answer(Tensor("A", "INT32", (2,), np.arange(2, dtype=np.int32) + i), shm_out)
+            got = answers.encode(resp)
+            assert got == response_to_proto(resp).SerializeToString()
+            back = pb.ModelInferResponse.FromString(got)
+            assert list(back.raw_output_contents) == [(np.arange(2, dtype=np.int32) + i).tobytes(), b""]
+            assert back.outputs[1].parameters["shared_memory_offset"].int64_param == shm_out.parameters[
+                "shared_memory_offset"]
+    assert answers.hits == 4

@@ -205,7 +205,7 @@ def test_a_binary_answer_is_encoded_once_per_shape_and_request():
     assert joined(parts) == joined(encode_response(answer(outs, request_id="r7"), req)[0]) and answers.hits == 3
 
 
-@pytest.mark.parametrize("case", ["json_data", "bytes", "shm", "answer_params", "one_json_output"])
+@pytest.mark.parametrize("case", ["json_data", "bytes", "shm_other_params", "answer_params", "one_json_output"])
 def test_answers_that_are_not_kept(case):
     from gt_serve.protocol.http_infer import encode_response
     from gt_serve.types import Tensor
@@ -217,8 +217,8 @@ def test_answers_that_are_not_kept(case):
         outs = lambda i: [Tensor("A", "FP32", (2,), np.arange(2, dtype=np.float32) + i)]  # noqa: E731
     elif case == "bytes":
         outs = lambda i: [Tensor("A", "BYTES", (1,), np.array([b"x%d" % i], dtype=object))]  # noqa: E731
-    elif case == "shm":
-        outs = lambda i: [Tensor("A", "FP32", (2,), None, {"shared_memory_region": "r"})]  # noqa: E731
+    elif case == "shm_other_params":
+        outs = lambda i: [Tensor("A", "FP32", (2,), None, {"shared_memory_region": "r", "x": [i]})]  # noqa: E731
     elif case == "answer_params":
         resp_params = {"sequence_id": 3}
         outs = lambda i: [Tensor("A", "FP32", (2,), np.arange(2, dtype=np.float32) + i)]  # noqa: E731
@@ -230,6 +230,24 @@ def test_answers_that_are_not_kept(case):
         parts, _, _ = answers.encode(answer(outs(i), params=resp_params), req)
         assert joined(parts) == joined(encode_response(answer(outs(i), params=resp_params), req)[0])
     assert answers.hits == 0
+
+
+def test_outputs_written_to_shared_memory_are_kept_with_their_regions():
+    from gt_serve.protocol.http_infer import encode_response
+    from gt_serve.types import Tensor
+    answers = AnswerTemplates()
+    region = {"shared_memory_region": "r", "shared_memory_byte_size": 8}
+    for i in range(3):
+        for outs, req in (([Tensor("S", "FP32", (2,), None, region)], asked(("S", region))),  # JSON alone
+                          ([Tensor("S", "FP32", (2,), None, region), Tensor("A", "INT32", (2,), np.arange(2, dtype=np.int32) + i)],
+                           asked(("S", region), ("A", {"binary_data": True})))):
+            parts, headers, _ = answers.encode(answer(outs), req)
+            full, json_bytes = encode_response(answer(outs), req)
+            assert joined(parts) == joined(full)
+            assert headers == ({"Content-Type": "application/json"} if json_bytes is None else
+                               {"Content-Type": "application/octet-stream",
+                                "Inference-Header-Content-Length": str(json_bytes)})
+    assert answers.hits == 4
 
 
 def test_binary_data_output_and_empty_outputs():
