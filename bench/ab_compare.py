@@ -5,7 +5,7 @@ alternating rounds share the drift, so their ratio is what to read (issue #17).
 
     git worktree add /tmp/before HEAD~3        # or any clone of an older commit
     python bench/ab_compare.py /tmp/before . [--client http|grpc|raw] [--concurrency 64] [--rounds 3]
-                               [--model mlp|convnet] [--config node.yaml]
+                               [--model mlp|convnet] [--config node.yaml] [--pa-args '--shared-memory system']
 
 Each round starts each checkout's server (`python -m gt_serve` with that checkout first on PYTHONPATH) on free
 loopback ports, runs one point, reads the server's inference count and /proc CPU, and stops it. Prints one JSON
@@ -90,7 +90,7 @@ def drive(a: argparse.Namespace, pa: str | None, http: int, grpc: int) -> dict:
         port = http if a.client == "http" else grpc
         return perf_sweep.perf_analyzer_point(pa, f"127.0.0.1:{port}", a.client, a.model, a.concurrency,
                                               int(a.duration * 1000), Path(tempfile.mkdtemp(prefix="gt-ab-pa-")),
-                                              trials=3)
+                                              trials=3, extra=a.pa_args.split())
     cmd = [sys.executable, str(HERE / "rawload.py"), "--url", f"127.0.0.1:{http}", "--model", a.model,
            "--concurrency", str(a.concurrency), "--duration", str(a.duration)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 10 * a.duration)
@@ -107,6 +107,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=float, default=2.5, help="seconds per measurement window")
     p.add_argument("--config", help="node YAML for every server")
+    p.add_argument("--pa-args", default="", help="more perf_analyzer arguments, e.g. '--shared-memory system'")
     a = p.parse_args()
     pa = perf_sweep.perf_analyzer_path(None) if a.client != "raw" else None
     repo = perf_sweep.build_repo(Path(tempfile.mkdtemp(prefix="gt-ab-")) / "repo", [a.model], triton=False)

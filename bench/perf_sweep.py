@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -160,12 +161,13 @@ def run_perf_analyzer(pa: str, url: str, protocol: str, model: str, concurrency:
 
 
 def perf_analyzer_point(pa: str, url: str, protocol: str, model: str, concurrency: int, interval_ms: int,
-                        workdir: Path, trials: int = 5) -> dict:
-    """One perf_analyzer run at one concurrency: its inf/s, p50 and p99 (from its CSV), or the error it gave."""
+                        workdir: Path, trials: int = 5, extra: Sequence[str] = ()) -> dict:
+    """One perf_analyzer run at one concurrency: its inf/s, p50 and p99 (from its CSV), or the error it gave.
+    `extra`: more perf_analyzer arguments (`--shared-memory system`, ...)."""
     csv_path = workdir / f"pa-{model}-{protocol}-{concurrency}-{time.monotonic_ns()}.csv"
     cmd = [pa, "-m", model, "-u", url, "-i", protocol, "-b", "1", "--concurrency-range", f"{concurrency}:{concurrency}",
            "--measurement-interval", str(interval_ms), "--max-trials", str(trials), "--stability-percentage", "100",
-           "-f", str(csv_path)]
+           "-f", str(csv_path), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60 + 12 * interval_ms / 1000, check=False)
     if proc.returncode != 0 or not csv_path.exists():
         return {"error": f"perf_analyzer exited {proc.returncode}: {(proc.stdout + proc.stderr)[-600:]}"}
