@@ -6,8 +6,10 @@ INTERNAL and is logged once (both in `_rpc`). Optional bearer-token auth runs as
 interceptor and exempts ServerLive / ServerReady.
 
 ModelStreamInfer processes the requests of one stream concurrently and yields each response as
-soon as it completes (as Triton does), so responses may come back in a different order than the
-requests; a failing request yields `error_message` and the stream stays open.
+soon as it completes (as Triton does; protocol/grpc_stream.py), so responses may come back in a
+different order than the requests; a failing request yields `error_message` and the stream stays
+open. Our own transport hands ModelInfer and ModelStreamInfer their messages as bytes, decoded and
+answered through the request and answer templates (protocol/grpc_templates.py).
 """
 from __future__ import annotations
 
@@ -32,11 +34,20 @@ from .grpc_codec import (
     response_to_proto,
     shm_status_to_proto,
 )
-from .grpc_templates import GrpcAnswerTemplates, GrpcRequestTemplates, parse_request
+from .grpc_messages import Abort
+from .grpc_stream import serve_stream, stream_answer, stream_error
+from .grpc_templates import GrpcAnswerTemplates, GrpcRequestTemplates, MessageNotParsed, parse_request
 from .status import grpc_status, grpc_trailers
 from .tracing import RequestTracer
 
 log = logging.getLogger(__name__)
+
+
+def _parsed(data: bytes) -> pb.ModelInferRequest:
+    try:
+        return parse_request(data)
+    except MessageNotParsed as exc:  # the call's status, as on the protobuf path
+        raise Abort(grpc.StatusCode.INTERNAL, exc.message) from None
 
 _SERVICE = "/inference.GRPCInferenceService/"
 _AUTH_EXEMPT = frozenset({_SERVICE + "ServerLive", _SERVICE + "ServerReady"})
@@ -63,20 +74,6 @@ def _rpc(method):
             await _abort_for(exc, context)
 
     return wrapper
-
-
-def _stream_error(exc: BaseException, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
-    if isinstance(exc, GtServeError):
-        message = exc.message
-    else:
-        log.error("unexpected error in gRPC stream request", exc_info=exc)
-        message = f"internal error: {type(exc).__name__}: {exc}"
-    return pb.ModelStreamInferResponse(
-        error_message=message,
-        infer_response=pb.ModelInferResponse(
-            model_name=request.model_name, model_version=request.model_version, id=request.id
-        ),
-    )
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -163,46 +160,43 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported on the stream, which stays open
-            return _stream_error(exc, request)
+            return stream_error(exc, request)
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Concurrent per stream; responses are yielded as they complete."""
-        results: asyncio.Queue = asyncio.Queue()
-        pending: set[asyncio.Task] = set()
-        done_reading = False
+        start = lambda request: self._stream_one(request, context.time_remaining(),  # noqa: E731
+                                                 context.invocation_metadata())
+        async for response in serve_stream(request_iterator, start):
+            yield response
 
-        def finished(task: asyncio.Task) -> None:
-            pending.discard(task)
-            if not task.cancelled():
-                results.put_nowait(task.result())
-            if done_reading and not pending:
-                results.put_nowait(None)
+    def ModelStreamInferBytes(self, messages, context):
+        """ModelStreamInfer given each message's bytes (our own transport), as ModelInferBytes: each request through
+        the request templates, each answer through the answer templates (issue #17: perf_analyzer --streaming)."""
+        return serve_stream(messages, lambda data: self._stream_start(data, context))
 
-        async def read() -> None:
-            nonlocal done_reading
-            try:
-                async for request in request_iterator:
-                    task = asyncio.ensure_future(self._stream_one(request, context.time_remaining(),
-                                                                  context.invocation_metadata()))
-                    pending.add(task)
-                    task.add_done_callback(finished)
-            finally:
-                done_reading = True
-                if not pending:
-                    results.put_nowait(None)
-
-        reader = asyncio.ensure_future(read())
+    def _stream_start(self, data: bytes, context):
+        """The coroutine answering one stream message; a message that does not parse ends the call (Abort)."""
+        if self._trace_settings.active:
+            return self._stream_one(_parsed(data), context.time_remaining(), context.invocation_metadata())
         try:
-            while True:
-                item = await results.get()
-                if item is None:
-                    break
-                yield item
-            await reader  # surfaces a read error (e.g. a malformed message) as the stream status
-        finally:
-            reader.cancel()
-            for task in list(pending):
-                task.cancel()
+            request = self._templates.decode(data, context.time_remaining())
+        except MessageNotParsed as exc:
+            raise Abort(grpc.StatusCode.INTERNAL, exc.message) from None
+        except GtServeError as exc:
+            return self._stream_failed(exc, data)
+        return self._stream_answer(request, data)
+
+    async def _stream_answer(self, request, data: bytes) -> bytes:
+        try:
+            return stream_answer(self._answers.encode(await self._dp.infer(request)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported on the stream, which stays open
+            return stream_error(exc, parse_request(data)).SerializeToString()
+
+    @staticmethod
+    async def _stream_failed(exc: GtServeError, data: bytes) -> bytes:
+        return stream_error(exc, parse_request(data)).SerializeToString()
 
     # -- repository ------------------------------------------------------------------------
 

@@ -92,8 +92,9 @@ def _method_table(servicer: InferenceServicer) -> dict[str, tuple]:
         request_cls = getattr(pb, method.input_type.name)
         streaming = method.client_streaming or method.server_streaming
         table[_SERVICE + method.name] = (getattr(servicer, method.name), request_cls.FromString, streaming)
-    # inference takes the message's bytes: the servicer's request templates decode it (protocol/grpc_templates.py)
+    # inference takes the messages' bytes: the servicer's request templates decode them (protocol/grpc_templates.py)
     table[_SERVICE + "ModelInfer"] = (servicer.ModelInferBytes, bytes, False)
+    table[_SERVICE + "ModelStreamInfer"] = (servicer.ModelStreamInferBytes, bytes, True)
     return table
 
 
@@ -253,7 +254,8 @@ class GrpcConnection(H2Connection):
             async for response in stream.method[0](stream.messages, stream.context):
                 if stream.finished:
                     return
-                self._send_message(stream, response.SerializeToString(), last=False)
+                self._send_message(stream, response if type(response) is bytes else response.SerializeToString(),
+                                   last=False)
         except asyncio.CancelledError:
             return
         except Abort as exc:

@@ -106,12 +106,16 @@ class GrpcRequestTemplates:
         return request
 
 
+class MessageNotParsed(Internal):
+    """A ModelInferRequest's bytes that protobuf cannot parse: the call's INTERNAL status."""
+
+
 def parse_request(data) -> pb.ModelInferRequest:
     """The message as protobuf; a decode error as the call's INTERNAL status, in grpcio's words."""
     try:
         return pb.ModelInferRequest.FromString(data)
     except Exception as exc:  # noqa: BLE001 - protobuf decode error: the call's status
-        raise Internal(f"error parsing request message: {exc}") from None
+        raise MessageNotParsed(f"error parsing request message: {exc}") from None
 
 
 class GrpcAnswerTemplates:

@@ -30,7 +30,7 @@ RESULT_TIMEOUT_S = 30.0
 
 @pytest.fixture(scope="module", params=["native", "grpcio"])
 def grpc_transport(request) -> str:
-    """Every test here runs against both gRPC transports (server.grpc_transport)."""
+    """Every test here runs against both gRPC transports (the server's GT_GRPC_TRANSPORT)."""
     return request.param
 
 
@@ -503,6 +503,31 @@ def test_sync_stream_good_bad_good(server):
     finally:
         c.stop_stream()
         c.close()
+
+
+def test_stream_message_that_does_not_parse_ends_the_call_with_internal(server, grpc_transport):
+    """Answers already started still come; the message that protobuf cannot parse ends the call (as grpcio)."""
+    good = pb.ModelInferRequest(model_name="simple", id="good")
+    for name in ("INPUT0", "INPUT1"):
+        good.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        good.raw_input_contents.append(np.ones(16, np.int32).tobytes())
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
+                                     request_serializer=lambda data: data,
+                                     response_deserializer=pb.ModelStreamInferResponse.FromString)
+        responses = call(iter([good.SerializeToString(), b"\x0a\x05ab"]), timeout=RESULT_TIMEOUT_S)
+        got = []
+        with pytest.raises(grpc.RpcError) as info:
+            for r in responses:
+                got.append(r)
+        if grpc_transport == "native":
+            assert info.value.code() == grpc.StatusCode.INTERNAL, info.value.details()
+            assert "error parsing request message" in info.value.details()
+        else:  # grpcio's own status for a stream message it cannot deserialize
+            assert info.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), info.value.details()
+        assert all(not r.error_message and r.infer_response.id == "good" for r in got)
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # the server and the channel serve on
+        assert stub.ServerLive(pb.ServerLiveRequest(), timeout=RESULT_TIMEOUT_S).live
 
 
 @pytest.mark.asyncio
