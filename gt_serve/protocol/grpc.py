@@ -144,7 +144,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if self._trace_settings.active:
             return await self.ModelInfer.__wrapped__(self, parse_request(data), context)
         infer_request = self._templates.decode(data, context.time_remaining())
-        return self._answers.encode(await self._dp.infer(infer_request))  # bytes: the transport sends them as they are
+        # the message's pieces (a list): the transport sends them as they are, the outputs' data uncopied
+        return self._answers.encode_parts(await self._dp.infer(infer_request))
 
     async def _stream_one(self, request: pb.ModelInferRequest, remaining_s: float | None, metadata=None):
         try:

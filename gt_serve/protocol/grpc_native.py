@@ -98,6 +98,15 @@ def _method_table(servicer: InferenceServicer) -> dict[str, tuple]:
     return table
 
 
+def _pieces(response) -> list:
+    """A handler's response as the pieces of the message's bytes: a list of them (the answer templates'), bytes, or
+    a protobuf message."""
+    kind = type(response)
+    if kind is list:
+        return response
+    return [response if kind is bytes else response.SerializeToString()]
+
+
 class GrpcConnection(H2Connection):
     """One HTTP/2 connection carrying gRPC calls."""
 
@@ -247,15 +256,14 @@ class GrpcConnection(H2Connection):
             return self.finish(stream, grpc.StatusCode.UNKNOWN, f"Unexpected error: {type(exc).__name__}: {exc}")
         if response is None:
             return self.finish(stream, grpc.StatusCode.INTERNAL, "handler returned no response")
-        self._send_message(stream, response if type(response) is bytes else response.SerializeToString(), last=True)
+        self._send_message(stream, _pieces(response), last=True)
 
     async def _run_streaming(self, stream: _GrpcStream) -> None:
         try:
             async for response in stream.method[0](stream.messages, stream.context):
                 if stream.finished:
                     return
-                self._send_message(stream, response if type(response) is bytes else response.SerializeToString(),
-                                   last=False)
+                self._send_message(stream, _pieces(response), last=False)
         except asyncio.CancelledError:
             return
         except Abort as exc:
@@ -271,8 +279,9 @@ class GrpcConnection(H2Connection):
             self.finish(stream, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     # ---- responses ----
-    def _send_message(self, stream: _GrpcStream, body: bytes, last: bool) -> None:
-        """One response message (+ the OK trailers when `last`), headers first if not yet sent."""
+    def _send_message(self, stream: _GrpcStream, pieces: list, last: bool) -> None:
+        """One response message, given as the pieces of its bytes (+ the OK trailers when `last`), headers first if
+        not yet sent."""
         if stream.finished:
             return
         stream.finished = last
@@ -280,7 +289,8 @@ class GrpcConnection(H2Connection):
         if not stream.headers_sent:
             stream.headers_sent = True
             head = RESPONSE_HEADERS_BLOCK
-        self.send(stream, head, (b"\x00" + u32(len(body)), body), OK_TRAILERS_BLOCK if last else None)
+        self.send(stream, head, (b"\x00" + u32(sum(map(len, pieces))), *pieces),
+                  OK_TRAILERS_BLOCK if last else None)
 
     def finish(self, stream: _GrpcStream, code: grpc.StatusCode, message: str, trailers: tuple = ()) -> None:
         """End a call with a status: trailers after what was sent, or trailers-only."""

@@ -128,9 +128,15 @@ class GrpcAnswerTemplates:
 
     def encode(self, resp: InferResponse) -> bytes:
         """response_to_proto(resp).SerializeToString(), byte for byte."""
+        parts = self.encode_parts(resp)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def encode_parts(self, resp: InferResponse) -> list:
+        """The bytes `encode` gives, as the pieces they are made of (the outputs' data not copied: a transport writes
+        them as they are)."""
         key = answer_key(resp)
         if key is None:
-            return response_to_proto(resp).SerializeToString()
+            return [response_to_proto(resp).SerializeToString()]
         head = self._heads.get(key)
         if head is None:
             msg = response_to_proto(resp)
@@ -139,7 +145,7 @@ class GrpcAnswerTemplates:
             if len(self._heads) >= self.capacity:
                 self._heads.clear()
             self._heads[key] = msg.SerializeToString()
-            return body
+            return [body]
         self.hits += 1
         parts = [head]
         for t in resp.outputs:
@@ -148,4 +154,4 @@ class GrpcAnswerTemplates:
                 continue
             raw = raw_from_array(t.data, t.datatype)
             parts += (_RAW_OUTPUT_CONTENTS_TAG, varint(len(raw)), raw)
-        return b"".join(parts)
+        return parts

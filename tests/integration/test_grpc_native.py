@@ -297,3 +297,61 @@ def test_another_http2_client_huffman_continuation_and_padding(native):
     response = pb.ModelInferResponse.FromString(data[5:5 + struct.unpack(">I", data[1:5])[0]])
     assert response.id == "h2-client"
     np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], np.int32), 2 * np.arange(16))
+
+
+def test_large_answers_in_small_frames_and_windows_on_concurrent_streams(native):
+    """An answer is written as pieces (the tensor's bytes are not joined first), framed as the peer allows: the `h2`
+    library as the client keeps 16 KiB frames and 64 KiB windows; two calls' answers of 800 KB interleave."""
+    import h2.config
+    import h2.connection
+    import h2.events
+    from tritonclient.grpc import service_pb2 as pb
+
+    srv = native
+    rows = 50_000
+    xs = {sid: np.random.default_rng(sid).standard_normal((rows, 4)).astype(np.float32) for sid in (1, 3)}
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+               (":authority", srv.grpc_url), ("content-type", "application/grpc"), ("te", "trailers")]
+    bodies = {}
+    for sid, x in xs.items():
+        request = pb.ModelInferRequest(model_name="big", id=f"s{sid}")
+        request.inputs.add(name="INPUT", datatype="FP32", shape=[rows, 4])
+        request.raw_input_contents.append(x.tobytes())
+        body = request.SerializeToString()
+        bodies[sid] = b"\x00" + struct.pack(">I", len(body)) + body
+        conn.send_headers(sid, headers)
+    data = {sid: b"" for sid in xs}
+    trailers = {}
+    largest = 0
+    with _connect(srv) as sock:
+        sock.settimeout(TIMEOUT_S)
+        sock.sendall(conn.data_to_send())
+        while len(trailers) < len(xs):
+            for sid, body in bodies.items():  # the requests go as the server's windows allow
+                while body and conn.local_flow_control_window(sid) > 0:
+                    n = min(len(body), conn.local_flow_control_window(sid), conn.max_outbound_frame_size)
+                    conn.send_data(sid, body[:n], end_stream=n == len(body))
+                    body = body[n:]
+                bodies[sid] = body
+            sock.sendall(conn.data_to_send())
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed early"
+            for event in conn.receive_data(chunk):
+                if isinstance(event, h2.events.DataReceived):
+                    largest = max(largest, len(event.data))
+                    data[event.stream_id] += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.TrailersReceived):
+                    trailers[event.stream_id] = dict(event.headers)
+            sock.sendall(conn.data_to_send())
+    assert largest <= 16384  # the client's SETTINGS_MAX_FRAME_SIZE (the default)
+    for sid, x in xs.items():
+        assert trailers[sid]["grpc-status"] == "0", trailers[sid]
+        (length,) = struct.unpack(">I", data[sid][1:5])
+        assert len(data[sid]) == 5 + length
+        response = pb.ModelInferResponse.FromString(data[sid][5:])
+        assert response.id == f"s{sid}"
+        np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], np.float32).reshape(rows, 4),
+                                      2 * x)

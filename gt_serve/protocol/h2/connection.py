@@ -79,6 +79,7 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
         self._limits: H2Limits = server.limits
         self._transport: asyncio.Transport | None = None
         self._outbox: list = []  # response frames of this loop turn, sent together (StreamOutput._write_soon)
+        self._outbox_bytes = 0
         self._preface_buf = bytearray()
         self._reader = FrameReader(self._limits.max_frame_bytes)
         self._state = _AWAIT_PREFACE
@@ -141,6 +142,7 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
     def connection_lost(self, exc) -> None:  # noqa: ANN001
         self._transport = None
         self._outbox.clear()
+        self._outbox_bytes = 0
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

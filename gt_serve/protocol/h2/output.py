@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _SEND_FRAME_CAP_BYTES = 128 * 1024  # our DATA frames, whatever larger frames the peer allows
+_JOIN_MAX_BYTES = 64 * 1024  # a loop turn's output up to this is joined into one buffer before it is written
 
 
 class StreamOutput:
@@ -33,7 +34,7 @@ class StreamOutput:
         if self._transport is None or stream.done:
             return
         sid = stream.sid
-        size = sum(len(part) for part in data)
+        size = sum(map(len, data))
         stream.done = trailers is not None
         if (not stream.pending and not self._write_paused and size <= self._peer_max_frame
                 and size <= stream.send_window and size <= self._conn_send_window):
@@ -46,14 +47,15 @@ class StreamOutput:
                 self._control.allow(2)
             if trailers is not None:
                 parts.append(self._header_frames(sid, trailers, True))
-            self._write_soon(b"".join(parts))
+            self._write_soon(parts)
             if stream.done:
                 self._closed(stream)
             return
         if head:
             stream.pending.append(self._header_frames(sid, head, False))
-        if data:
-            stream.pending.append(memoryview(b"".join(data)))
+        for part in data:  # framed as the windows allow, written without joining them first
+            if len(part):
+                stream.pending.append(part if type(part) is memoryview else memoryview(part))
         if trailers is not None:
             stream.pending.append(self._header_frames(sid, trailers, True))
         self._flush_stream(stream)
@@ -69,65 +71,84 @@ class StreamOutput:
         out.append(frame(CONTINUATION, END_HEADERS, sid, chunks[-1]))
         return b"".join(out)
 
-    def _write_soon(self, data) -> None:
-        """Queue a stream's response frames: everything queued in one turn of the event loop goes out in one
-        transport write at the end of it (`flush_output`). The responses of a batch that finished together,
-        on one connection carrying many streams (gRPC clients multiplex their calls), cost one system call
-        instead of one each."""
+    def _write_soon(self, pieces: list) -> None:
+        """Queue a stream's response frames (the pieces of their bytes): everything queued in one turn of the event
+        loop goes out in one transport write at the end of it (`flush_output`). The responses of a batch that
+        finished together, on one connection carrying many streams (gRPC clients multiplex their calls), cost one
+        system call instead of one each."""
         if self._transport is None:
             return
         outbox = self._outbox
-        outbox.append(data)
-        if len(outbox) == 1:
+        if not outbox:
             self._loop.call_soon(self.flush_output)
+        outbox += pieces
+        self._outbox_bytes += sum(map(len, pieces))
 
     def flush_output(self) -> None:
-        """Write what `_write_soon` queued; before the transport is closed, call this first."""
+        """Write what `_write_soon` queued; before the transport is closed, call this first. Small pieces are
+        joined (one buffer for the system call); past `_JOIN_MAX_BYTES` they go as they are (a tensor's data is
+        not copied once more on its way to the kernel)."""
         outbox = self._outbox
         if outbox:
-            data = outbox[0] if len(outbox) == 1 else b"".join(outbox)
+            pieces = outbox[0:1] if len(outbox) == 1 else \
+                [b"".join(outbox)] if self._outbox_bytes <= _JOIN_MAX_BYTES else list(outbox)
             outbox.clear()
-            self._write(data)
+            self._outbox_bytes = 0
+            self._write_pieces(pieces)
 
     def _write(self, data) -> None:
         """Write at once, after what is queued (frames keep their order): control frames and flow-controlled
         DATA, which must see the transport's back-pressure (pause_writing) before the next one."""
+        self._write_pieces((data,))
+
+    def _write_pieces(self, pieces) -> None:
+        """`_write` of several pieces in one call (a stream's frames: each DATA payload a view of the message)."""
         if self._outbox:
             self.flush_output()
         transport = self._transport
         if transport is None:
             return
-        transport.write(data)
+        if len(pieces) == 1:
+            transport.write(pieces[0])
+        else:
+            transport.writelines(pieces)
         if self._write_paused and transport.get_write_buffer_size() > self._limits.max_queued_output_bytes:
             log.debug("HTTP/2 peer does not read: dropping the connection")
             self._transport = None
             transport.abort()
 
     def _flush_stream(self, stream: H2Stream) -> None:
+        """What the windows allow of the stream's pending frames, written together (one system call, no copy of the
+        DATA); a stream that must wait is left in `_blocked`."""
         if self._transport is None:
             return
         pending = stream.pending
+        out: list = []
+        queued = 0
         while pending:
             if self._write_paused:
-                self._blocked[stream.sid] = stream
-                return
-            item = pending[0]
-            if type(item) is bytes:  # header frames: not flow controlled
-                self._write(pending.popleft())
+                break
+            if type(pending[0]) is bytes:  # header frames: not flow controlled
+                out.append(pending.popleft())
                 continue
-            allowed = min(len(item), stream.send_window, self._conn_send_window, self._peer_max_frame,
-                          _SEND_FRAME_CAP_BYTES)
+            allowed = min(stream.send_window, self._conn_send_window, self._peer_max_frame, _SEND_FRAME_CAP_BYTES)
             if allowed <= 0:
-                self._blocked[stream.sid] = stream
-                return
-            self._write(frame_head(allowed, DATA, 0, stream.sid) + item[:allowed])
-            stream.send_window -= allowed
-            self._conn_send_window -= allowed
+                break
+            pieces, size = _take_data(pending, allowed)
+            out.append(frame_head(size, DATA, 0, stream.sid))
+            out += pieces
+            stream.send_window -= size
+            self._conn_send_window -= size
             self._control.allow(2)
-            if allowed == len(item):
-                pending.popleft()
-            else:
-                pending[0] = item[allowed:]
+            queued += size
+            if queued >= _SEND_FRAME_CAP_BYTES:  # written a frame's worth at a time: back-pressure is seen as before
+                self._write_pieces(out)
+                out, queued = [], 0
+        if out:
+            self._write_pieces(out)
+        if pending:
+            self._blocked[stream.sid] = stream
+            return
         self._blocked.pop(stream.sid, None)
         if stream.done:
             self._closed(stream)
@@ -137,3 +158,22 @@ class StreamOutput:
             if self._conn_send_window <= 0 or self._write_paused or self._transport is None:
                 return
             self._flush_stream(stream)
+
+
+def _take_data(pending, allowed: int) -> tuple[list, int]:
+    """Up to `allowed` bytes of the DATA views at the front of `pending`, taken off it: (the pieces, their size)."""
+    pieces = []
+    size = 0
+    while pending and size < allowed:
+        item = pending[0]
+        if type(item) is bytes:  # a header block: framed on its own
+            break
+        take = allowed - size
+        if take >= len(item):
+            pieces.append(pending.popleft())
+            size += len(item)
+        else:
+            pieces.append(item[:take])
+            pending[0] = item[take:]
+            size += take
+    return pieces, size
