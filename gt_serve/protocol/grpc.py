@@ -187,9 +187,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return self._stream_failed(exc, data)
         return self._stream_answer(request, data)
 
-    async def _stream_answer(self, request, data: bytes) -> bytes:
+    async def _stream_answer(self, request, data: bytes) -> list | bytes:
         try:
-            return stream_answer(self._answers.encode(await self._dp.infer(request)))
+            return stream_answer(self._answers.encode_parts(await self._dp.infer(request)))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported on the stream, which stays open

@@ -77,6 +77,7 @@ def stream_error(exc: BaseException, request: pb.ModelInferRequest) -> pb.ModelS
     )
 
 
-def stream_answer(infer_response: bytes) -> bytes:
-    """A serialized ModelInferResponse as the ModelStreamInferResponse that carries it, serialized."""
-    return b"".join((_INFER_RESPONSE_TAG, varint(len(infer_response)), infer_response))
+def stream_answer(infer_response: list) -> list:
+    """A serialized ModelInferResponse (the pieces of its bytes) as the ModelStreamInferResponse that carries it
+    (the pieces of that one's bytes)."""
+    return [_INFER_RESPONSE_TAG, varint(sum(map(len, infer_response))), *infer_response]
