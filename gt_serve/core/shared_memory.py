@@ -99,6 +99,7 @@ class SystemSharedMemory:
         self._root = root
         self._regions: dict[str, Region] = {}
         self._kept: OrderedDict[str, _Kept] = OrderedDict()  # by path; used on the event loop only
+        self._euid = os.geteuid()
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         name = check_name(name)
@@ -109,7 +110,12 @@ class SystemSharedMemory:
             raise AlreadyExists(f"{what} is already registered")
         path = os.path.join(self._root, check_key(key, what))
         _, size = self._object(path, key, what, writable=False)
-        self._check_fits(size, offset + byte_size, what, key)
+        try:
+            self._check_fits(size, offset + byte_size, what, key)
+        except InvalidArgument:
+            if all(r.path != path for r in self._regions.values()):
+                self._forget(path)  # nothing registered keeps the object open
+            raise
         self._regions[name] = Region(name, key, offset, byte_size, path)
 
     def unregister(self, name: str = "") -> None:
@@ -223,11 +229,10 @@ class SystemSharedMemory:
             raise InvalidArgument(f"{what}: shared memory key '{key}' is not on the shared memory filesystem")
         self._check_owner(st, key, what)
 
-    @staticmethod
-    def _check_owner(st: os.stat_result, key: str, what: str) -> None:
-        if st.st_uid != os.geteuid():
+    def _check_owner(self, st: os.stat_result, key: str, what: str) -> None:
+        if st.st_uid != self._euid:
             raise InvalidArgument(f"{what}: shared memory key '{key}' is owned by uid {st.st_uid}, not by the "
-                                  f"server's uid {os.geteuid()}")
+                                  f"server's uid {self._euid}")
 
     @staticmethod
     def _check_fits(size: int, end: int, what: str, key: str) -> None:

@@ -194,6 +194,17 @@ def test_a_kept_descriptor_serves_reads_and_writes(shm, root, monkeypatch):
     assert len(opened) == 1  # once more to write (registration opened it read-only), then neither
 
 
+def test_a_refused_registration_keeps_nothing_open(shm, root):
+    before = open_fds()
+    with pytest.raises(InvalidArgument, match="exceeds the 64-byte"):
+        shm.register("r", "/region", 60, 8)
+    assert open_fds() == before and shm.status() == []
+    shm.register("ok", "/region", 0, 8)
+    with pytest.raises(InvalidArgument, match="exceeds the 64-byte"):  # another region on the same key: kept
+        shm.register("r", "/region", 60, 8)
+    assert open_fds() == before + 1 and shm.read("ok", 0, 8, "IN") == bytes(range(8))
+
+
 def test_a_recreated_object_is_opened_afresh(shm, root):
     shm.register("r", "/region", 0, 8)
     assert shm.read("r", 0, 8, "IN") == bytes(range(8))
