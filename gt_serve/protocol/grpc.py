@@ -43,11 +43,16 @@ from .tracing import RequestTracer
 log = logging.getLogger(__name__)
 
 
+def _call_status(exc: MessageNotParsed) -> Abort:
+    """A stream message that does not parse ends the call with INTERNAL, as on the protobuf path."""
+    return Abort(grpc.StatusCode.INTERNAL, exc.message)
+
+
 def _parsed(data: bytes) -> pb.ModelInferRequest:
     try:
         return parse_request(data)
-    except MessageNotParsed as exc:  # the call's status, as on the protobuf path
-        raise Abort(grpc.StatusCode.INTERNAL, exc.message) from None
+    except MessageNotParsed as exc:
+        raise _call_status(exc) from None
 
 _SERVICE = "/inference.GRPCInferenceService/"
 _AUTH_EXEMPT = frozenset({_SERVICE + "ServerLive", _SERVICE + "ServerReady"})
@@ -182,7 +187,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             request = self._templates.decode(data, context.time_remaining())
         except MessageNotParsed as exc:
-            raise Abort(grpc.StatusCode.INTERNAL, exc.message) from None
+            raise _call_status(exc) from None
         except GtServeError as exc:
             return self._stream_failed(exc, data)
         return self._stream_answer(request, data)

@@ -11,8 +11,10 @@ as does a key not seen before or data entries of other sizes, so that path names
 small request this way costs ~3.8 µs against ~7.6 µs for the full path (issue #17; best of 10 interleaved rounds).
 
 Answers the same way (`GrpcAnswerTemplates`): a ModelInferResponse whose outputs all hold fixed-size data and
-carry no parameters, or were written to shared memory (their regions' parameters then in the key), is its fields 1-5 (model, version, id, outputs' names, datatypes and shapes), serialized once
-per such key, followed by one `raw_output_contents` entry per output: the bytes protobuf would have written.
+carry no parameters, or were written to shared memory (their regions' parameters then in the key), is its fields
+1-5 (model, version, id, outputs' names, datatypes and shapes), serialized once per such key, followed by one
+`raw_output_contents` entry per output: the bytes protobuf would have written, given as pieces (`encode_parts`:
+the outputs' data as views, for a transport to write as they are).
 """
 from __future__ import annotations
 

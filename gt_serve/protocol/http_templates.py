@@ -16,8 +16,8 @@ The skeletons themselves and their table are protocol/request_forms.py, shared w
 
 Answers the same way (`AnswerTemplates`): when every output that holds data goes back binary (or was written to
 shared memory), the JSON part of the answer is a function of the model, version, id, the outputs' names, datatypes
-and shapes (and regions) and what the request asked for, so it is encoded once per such key (`http_infer.encode_response` on a miss) and the HTTP
-headers with it; an answer then costs its outputs' raw views.
+and shapes (and regions) and what the request asked for, so it is encoded once per such key
+(`http_infer.encode_response` on a miss) and the HTTP headers with it; an answer then costs its outputs' raw views.
 """
 from __future__ import annotations
 
