@@ -45,14 +45,16 @@ class Entry:
 
 class Batch:
     """Requests taken from the queue to run together; `size` is their total batch size; `traced`: some
-    entry's context is a request trace (core/trace_context.py) to be told how the batch ran."""
+    entry's context is a request trace (core/trace_context.py) to be told how the batch ran; `inline`: its
+    executor ran it on the event loop's thread."""
 
-    __slots__ = ("entries", "size", "traced")
+    __slots__ = ("entries", "size", "traced", "inline")
 
     def __init__(self, entries: list[Entry], size: int, traced: bool = False) -> None:
         self.entries = entries
         self.size = size
         self.traced = traced
+        self.inline = False
 
 
 class Batcher:

@@ -218,6 +218,30 @@ def test_a_lone_row_runs_on_the_loop_thread_once_its_shape_has_run_faster_than_t
     asyncio.run(main())
 
 
+def test_a_lone_run_on_the_lane_thread_only_lowers_the_shapes_run_time():
+    """A lane run also times the hand-off (cold caches on another core): a shape near the limit must not stay on the
+    lane because it runs slower there. Inline runs move the average both ways."""
+    async def main():
+        executor, lane, _, _, _ = build(inline_max_ns=100_000)
+
+        def lone(elapsed_ns):
+            executor.submit({"x": 1}, 1, ((4,),))
+            dispatch_all(executor, lane)
+            inline = len(lane.ran_here)
+            lane.finish_next(elapsed_ns=elapsed_ns)
+            return inline
+
+        lone(90_000)  # the first run of a shape: the lane thread's, and its time is the average
+        ran = lone(200_000)  # inline (90 us < 100 us), slow: the average rises to 117.5 us
+        assert ran == 1 and executor._lone_ns[((4,),)] == 117_500
+        assert lone(300_000) == 1  # on the lane now, and slower still: the average stays
+        assert executor._lone_ns[((4,),)] == 117_500
+        lone(37_500)  # a faster lane run lowers it (by a quarter of the difference): 97.5 us
+        assert executor._lone_ns[((4,),)] == 97_500
+        assert lone(50_000) == 2  # inline again
+    asyncio.run(main())
+
+
 def test_a_slow_shape_an_idle_lane_for_the_queue_or_a_gpu_lane_keeps_the_lane_thread():
     async def main():
         executor, lane, _, _, _ = build(inline_max_ns=100_000)
