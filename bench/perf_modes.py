@@ -16,8 +16,6 @@ perf_analyzer and Triton as in bench/perf_sweep.py's docstring.
 from __future__ import annotations
 
 import argparse
-import csv
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +27,7 @@ sys.path.insert(0, str(HERE))
 
 import sweep_servers  # noqa: E402
 from common import CpuEnergyWindow, RaplMeter, emit  # noqa: E402
-from perf_sweep import MODELS, build_repo, perf_analyzer_path  # noqa: E402
+from perf_sweep import MODELS, build_repo, perf_analyzer_path, perf_analyzer_point  # noqa: E402
 
 from gt_serve.testing.launcher import launch  # noqa: E402
 
@@ -48,23 +46,17 @@ def point(pa: str, srv: sweep_servers.Served, model: str, mode: str, protocol: s
           workdir: Path) -> dict:
     """One perf_analyzer run in one mode, with the server's CPU over it per inference it counted."""
     _, load, extra = MODES[mode]
-    csv_path = workdir / f"pa-{model}-{mode}-{protocol}-{time.monotonic_ns()}.csv"
     window = CpuEnergyWindow(srv.pid, RaplMeter())
     count0 = srv.inference_count(model)
     window.start()
-    cmd = [pa, "-m", model, "-u", srv.url(protocol), "-i", protocol, *load, *extra, "--measurement-interval",
-           str(interval_ms), "--max-trials", "5", "--stability-percentage", "100", "-f", str(csv_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60 + 12 * interval_ms / 1000, check=False)
+    measured = perf_analyzer_point(pa, srv.url(protocol), protocol, model, 0, interval_ms, workdir, extra=extra,
+                                   load=load)
     used = window.stop()
     inferences = max(1, srv.inference_count(model) - count0)
-    base = {"server": srv.label, "model": model, "mode": mode, "protocol": protocol}
-    if proc.returncode != 0 or not csv_path.exists():
-        return {**base, "error": f"perf_analyzer exited {proc.returncode}: {(proc.stdout + proc.stderr)[-600:]}"}
-    with open(csv_path) as f:
-        row = next(csv.DictReader(f))
-    return {**base, "inferences_per_s": float(row["Inferences/Second"]), "p50_ms": int(row["p50 latency"]) / 1e3,
-            "p99_ms": int(row["p99 latency"]) / 1e3,
-            "server_cpu_ms_per_inference": round(used["cpu_s"] / inferences * 1e3, 4)}
+    point = {"server": srv.label, "model": model, "mode": mode, "protocol": protocol, **measured}
+    if "error" not in measured:
+        point["server_cpu_ms_per_inference"] = round(used["cpu_s"] / inferences * 1e3, 4)
+    return point
 
 
 def table(points: list[dict]) -> str:

@@ -161,11 +161,15 @@ def run_perf_analyzer(pa: str, url: str, protocol: str, model: str, concurrency:
 
 
 def perf_analyzer_point(pa: str, url: str, protocol: str, model: str, concurrency: int, interval_ms: int,
-                        workdir: Path, trials: int = 5, extra: Sequence[str] = ()) -> dict:
+                        workdir: Path, trials: int = 5, extra: Sequence[str] = (),
+                        load: Sequence[str] | None = None) -> dict:
     """One perf_analyzer run at one concurrency: its inf/s, p50 and p99 (from its CSV), or the error it gave.
-    `extra`: more perf_analyzer arguments (`--shared-memory system`, ...)."""
+    `extra`: more perf_analyzer arguments (`--shared-memory system`, ...); `load`: the load's own arguments instead
+    of batch 1 at `concurrency` (`--request-rate-range R:R`, bench/perf_modes.py)."""
     csv_path = workdir / f"pa-{model}-{protocol}-{concurrency}-{time.monotonic_ns()}.csv"
-    cmd = [pa, "-m", model, "-u", url, "-i", protocol, "-b", "1", "--concurrency-range", f"{concurrency}:{concurrency}",
+    if load is None:
+        load = ["-b", "1", "--concurrency-range", f"{concurrency}:{concurrency}"]
+    cmd = [pa, "-m", model, "-u", url, "-i", protocol, *load,
            "--measurement-interval", str(interval_ms), "--max-trials", str(trials), "--stability-percentage", "100",
            "-f", str(csv_path), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60 + 12 * interval_ms / 1000, check=False)
