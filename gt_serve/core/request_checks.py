@@ -54,7 +54,7 @@ def _shm_feeds(model: LoadedModel, request: InferRequest, shm: SystemSharedMemor
         data = tensor.data
         if data is None:
             data = read_shm_input(tensor, shm)
-            if data.dtype == object:
+            if model.spec.inputs[tensor.name].datatype == "BYTES":
                 check_utf8(tensor.name, model.name, data)
         feeds[tensor.name] = data
     return feeds
@@ -66,9 +66,7 @@ def _recheck(requested: tuple[RequestedOutput, ...] | None, shm: SystemSharedMem
         return None
     for out in requested:
         if out.in_shared_memory:
-            p = out.parameters
-            shm.check(p["shared_memory_region"], p.get("shared_memory_offset", 0), p.get("shared_memory_byte_size"),
-                      f"output '{out.name}'")
+            _check_region(out, shm)
     return list(requested)
 
 
@@ -159,9 +157,15 @@ def check_outputs(model: LoadedModel, outputs: list[RequestedOutput] | None,
         if k is not None and region:
             raise InvalidArgument(f"output '{out.name}': classification cannot be written to shared memory")
         if region:
-            shm.check(region, out.parameters.get("shared_memory_offset", 0),
-                      out.parameters.get("shared_memory_byte_size"), f"output '{out.name}'")
+            _check_region(out, shm)
     return outputs
+
+
+def _check_region(out: RequestedOutput, shm: SystemSharedMemory) -> None:
+    """An output's region, offset and size (the region registered, the extent inside it); nothing is written."""
+    p = out.parameters
+    shm.check(p["shared_memory_region"], p.get("shared_memory_offset", 0), p.get("shared_memory_byte_size"),
+              f"output '{out.name}'")
 
 
 def check_utf8(tensor: str, model: str, data: np.ndarray) -> None:
