@@ -198,10 +198,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported on the stream, which stays open
-            return stream_error(exc, parse_request(data)).SerializeToString()
+            return await self._stream_failed(exc, data)
 
     @staticmethod
-    async def _stream_failed(exc: GtServeError, data: bytes) -> bytes:
+    async def _stream_failed(exc: BaseException, data: bytes) -> bytes:
+        """The stream's answer to a request that failed: its error with the request's model, version and id."""
         return stream_error(exc, parse_request(data)).SerializeToString()
 
     # -- repository ------------------------------------------------------------------------

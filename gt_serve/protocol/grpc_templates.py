@@ -128,14 +128,9 @@ class GrpcAnswerTemplates:
         self._heads: dict[tuple, bytes] = {}
         self.hits = 0
 
-    def encode(self, resp: InferResponse) -> bytes:
-        """response_to_proto(resp).SerializeToString(), byte for byte."""
-        parts = self.encode_parts(resp)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
     def encode_parts(self, resp: InferResponse) -> list:
-        """The bytes `encode` gives, as the pieces they are made of (the outputs' data not copied: a transport writes
-        them as they are)."""
+        """response_to_proto(resp).SerializeToString(), byte for byte once joined, as the pieces it is made of (the
+        outputs' data not copied: a transport writes them as they are)."""
         key = answer_key(resp)
         if key is None:
             return [response_to_proto(resp).SerializeToString()]

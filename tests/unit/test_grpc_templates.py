@@ -167,6 +167,11 @@ def test_a_wrong_request_is_never_kept():
 
 # ---- answers -------------------------------------------------------------------------------------------------
 
+def encoded(answers: GrpcAnswerTemplates, resp: InferResponse) -> bytes:
+    """The answer's bytes as a transport writes them: its pieces, one after the other."""
+    return b"".join(answers.encode_parts(resp))
+
+
 def answer(*outputs: Tensor, params: dict | None = None, request_id: str = "req") -> InferResponse:
     return InferResponse("m", "1", request_id, list(outputs), params or {})
 
@@ -178,7 +183,7 @@ def test_an_answer_is_the_bytes_protobuf_writes_with_its_head_serialized_once():
         a = rng.standard_normal((rows, 8)).astype(np.float32)
         b = (np.arange(rows * 2, dtype=np.int64).reshape(rows, 2) - 3)
         resp = answer(Tensor("A", "FP32", a.shape, a), Tensor("B", "INT64", b.shape, b))
-        got = answers.encode(resp)
+        got = encoded(answers, resp)
         assert got == response_to_proto(resp).SerializeToString()
         back = pb.ModelInferResponse.FromString(got)
         assert back.raw_output_contents[0] == a.tobytes() and back.raw_output_contents[1] == b.tobytes()
@@ -193,7 +198,7 @@ def test_an_answer_is_the_bytes_protobuf_writes_with_its_head_serialized_once():
 def test_answers_that_are_not_kept_are_still_right(resp):
     answers = GrpcAnswerTemplates()
     for _ in range(2):
-        assert answers.encode(resp) == response_to_proto(resp).SerializeToString()
+        assert encoded(answers, resp) == response_to_proto(resp).SerializeToString()
     assert answers.hits == 0
 
 
@@ -204,7 +209,7 @@ def test_outputs_written_to_shared_memory_are_kept_with_their_regions():
         for shm_out in (Tensor("S", "FP32", (1,), None, region),
                         Tensor("S", "FP32", (1,), None, {**region, "shared_memory_offset": 0})):  # another key
             resp = answer(Tensor("A", "INT32", (2,), np.arange(2, dtype=np.int32) + i), shm_out)
-            got = answers.encode(resp)
+            got = encoded(answers, resp)
             assert got == response_to_proto(resp).SerializeToString()
             back = pb.ModelInferResponse.FromString(got)
             assert list(back.raw_output_contents) == [(np.arange(2, dtype=np.int32) + i).tobytes(), b""]
