@@ -100,26 +100,57 @@ class RaplMeter:
         return total_uj / 1e6
 
 
+def machine_cpu_ticks(stat_path: str = "/proc/stat") -> list[int] | None:
+    """The machine's CPU time by state, in clock ticks, from the first line of /proc/stat: user, nice, system,
+    idle, iowait, irq, softirq, steal. None where it cannot be read."""
+    try:
+        with open(stat_path) as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    return [int(x) for x in fields[1:9]]
+
+
+def machine_shares(before: list[int] | None, after: list[int] | None) -> dict:
+    """{"idle": ..., "steal": ...}: the shares of the machine's CPU time between two readings that no process used
+    (idle and iowait) and that the hypervisor gave to other guests (steal). On a shared VM a point that lost time
+    to steal was measured on a slower machine than its neighbours; its absolute numbers are not comparable."""
+    if before is None or after is None:
+        return {"idle": None, "steal": None}
+    delta = [b - a for a, b in zip(before, after)]
+    total = sum(delta)
+    if total <= 0:
+        return {"idle": None, "steal": None}
+    return {"idle": round((delta[3] + delta[4]) / total, 3), "steal": round(delta[7] / total, 3)}
+
+
 @dataclass
 class CpuEnergyWindow:
-    """CPU seconds of a process tree and RAPL joules over one measured window: `start()`, then `stop()`."""
+    """CPU seconds of a process tree, RAPL joules and the machine's idle and stolen shares over one measured window:
+    `start()`, then `stop()`."""
 
     pid: int
     rapl: RaplMeter | None = None
     _cpu0_s: float = 0.0
     _uj0: list[int] | None = None
+    _ticks0: list[int] | None = None
 
     def start(self) -> None:
         self._cpu0_s = tree_cpu_s(self.pid)
         self._uj0 = self.rapl.read_uj() if self.rapl is not None and self.rapl.available else None
+        self._ticks0 = machine_cpu_ticks()
 
     def stop(self) -> dict:
-        """{"cpu_s": ..., "rapl_j": ... or None} since `start()`."""
+        """{"cpu_s": ..., "rapl_j": ... or None, "machine_idle": share or None, "machine_steal": share or None}
+        since `start()`."""
         cpu_s = tree_cpu_s(self.pid) - self._cpu0_s
         joules = None
         if self._uj0 is not None and self.rapl is not None:
             joules = self.rapl.joules_between(self._uj0, self.rapl.read_uj())
-        return {"cpu_s": cpu_s, "rapl_j": joules}
+        shares = machine_shares(self._ticks0, machine_cpu_ticks())
+        return {"cpu_s": cpu_s, "rapl_j": joules, "machine_idle": shares["idle"], "machine_steal": shares["steal"]}
 
 
 def simple_grpc_request() -> bytes:

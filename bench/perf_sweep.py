@@ -10,9 +10,13 @@ client-side latency), server CPU-seconds per inference (utime+stime of the serve
 /proc, before/after the point, divided by the server's own inference_count delta, so perf_analyzer's warm-up
 and trial windows are all counted) and RAPL joules per inference where /sys/class/powercap is readable.
 Raw onnxruntime: batch-1 latency and CPU per inference with 1 intra-op thread and with every core, and the
-best batched throughput. Also per inference: the server's main (event-loop) thread CPU, perf_analyzer's own
-CPU, and the `ceiling` that client sets on the 2 shared cores (raw best-batch CPU / (that + the client's CPU):
-the inf/s/raw a server costing nothing beyond onnxruntime would reach). Prints JSON lines (also appended to
+best batched throughput, measured at the run's start and again at its end, the ratios taken to the mean of the
+two (the servers' points come minutes after the start on a machine whose speed drifts). Also per inference: the
+server's main (event-loop) thread CPU, perf_analyzer's own CPU, and the `ceiling` that client sets on the 2
+shared cores (raw best-batch CPU / (that + the client's CPU): the inf/s/raw a server costing nothing beyond
+onnxruntime would reach); per point, the share of the machine's CPU time stolen by other guests of the VM
+(`steal`, from /proc/stat; a point at 5 % or more is marked: it ran on a slower machine than the rest). Prints
+JSON lines (also appended to
 --jsonl), then a table of ratios. With `--runs N` the whole sweep runs N times (raw, Triton, gt-serve each
 time), each run prints its own table, and a last table gives every figure's median over the runs and its range,
 the ratios taken within each run (bench/sweep_summary.py).
@@ -120,14 +124,32 @@ def raw_baseline(repo: Path, model: str, cores: int, duration_s: float, jsonl: s
     dims, _ = MODELS[model]
     path = repo / model / "1" / "model.onnx"
     points = [emit({"model": model, **raw_point(path, dims, b, t, duration_s, gap)}, jsonl)
-              for b, t, gap in ((1, 1, 0.0), (1, cores, 0.0), (1, 1, 0.0005), (8, cores, 0.0), (32, cores, 0.0))]
+              for b, t, gap in ((1, 1, 0.0), (1, cores, 0.0), (1, 1, 0.0005))]
     batch1 = [p for p in points if p["batch"] == 1 and not p["gap_ms"]]
     paced = next(p for p in points if p["gap_ms"])
-    best = max((p for p in points if not p["gap_ms"]), key=lambda p: p["inferences_per_s"])
+    best = raw_best(repo, model, cores, duration_s, jsonl)
     return {"batch1_cpu_ms": min(p["cpu_ms_per_inference"] for p in batch1),
             "batch1_p50_ms": min(p["p50_ms"] for p in batch1),
             "paced_cpu_ms": paced["cpu_ms_per_inference"], "paced_p50_ms": paced["p50_ms"],
-            "best_inferences_per_s": best["inferences_per_s"], "best_cpu_ms": best["cpu_ms_per_inference"]}
+            "best_inferences_per_s": best["inferences_per_s"], "best_cpu_ms": best["cpu_ms_per_inference"],
+            "best_at_start": best["inferences_per_s"]}
+
+
+def raw_best(repo: Path, model: str, cores: int, duration_s: float, jsonl: str | None) -> dict:
+    """raw onnxruntime's best batched point (batch 8 or 32, every core)."""
+    dims, _ = MODELS[model]
+    path = repo / model / "1" / "model.onnx"
+    points = [emit({"model": model, **raw_point(path, dims, b, cores, duration_s)}, jsonl) for b in (8, 32)]
+    return max(points, key=lambda p: p["inferences_per_s"])
+
+
+def bracket_best(raw: dict, end: dict) -> dict:
+    """`raw` with its best batched figures the mean of the run's start and end (`end`: raw_best measured after the
+    servers): the servers' points come minutes after the start, and this machine's speed drifts by tens of percent
+    between minutes, which a ratio to one end alone would carry whole."""
+    return {**raw, "best_at_end": end["inferences_per_s"],
+            "best_inferences_per_s": round((raw["best_at_start"] + end["inferences_per_s"]) / 2, 1),
+            "best_cpu_ms": round((raw["best_cpu_ms"] + end["cpu_ms_per_inference"]) / 2, 4)}
 
 
 # -- perf_analyzer points ------------------------------------------------------------------------------
@@ -193,7 +215,8 @@ def server_point(pa: str, srv: sweep_servers.Served, protocol: str, model: str, 
     loop_s, client_s = thread_cpu_s(srv.pid, srv.pid) - loop0_s, children_cpu_s() - client0_s
     inferences = max(1, srv.inference_count(model) - count0)
     point = {"server": srv.label, "model": model, "protocol": protocol, "concurrency": concurrency, **measured,
-             "server_inferences": inferences,
+             "server_inferences": inferences, "machine_idle": used["machine_idle"],
+             "machine_steal": used["machine_steal"],
              "server_cpu_ms_per_inference": round(used["cpu_s"] / inferences * 1e3, 4),
              # gt-serve's event-loop thread (front ends, batching, encode/decode, socket calls), the rest of the
              # server being onnxruntime on the lanes; and perf_analyzer's own CPU, which shares the cores
@@ -230,8 +253,9 @@ def table(points: list[dict], raw: dict[str, dict]) -> str:
     triton = {(p["model"], p["protocol"], p["concurrency"]): p for p in points if p["server"] == "triton"}
     head = (f"{'server':9} {'model':8} {'proto':5} {'conc':>4} {'inf/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
             f"{'cpu ms/inf':>10} {'loop ms':>7} {'client':>7} {'cpu/raw':>7} {'inf/s/raw':>9} {'ceiling':>7} "
-            f"{'inf/s/triton':>12} {'cpu/triton':>10}")
+            f"{'inf/s/triton':>12} {'cpu/triton':>10} {'steal':>5}")
     rows = [head, "-" * len(head)]
+    stolen = 0
     for p in points:
         if "error" in p:
             rows.append(f"{p['server']:9} {p['model']:8} {p['protocol']:5} {p['concurrency']:>4} {p['error'][:60]}")
@@ -244,12 +268,29 @@ def table(points: list[dict], raw: dict[str, dict]) -> str:
             f"{p.get('main_thread_cpu_ms_per_inference', float('nan')):>7.4f} "
             f"{p.get('client_cpu_ms_per_inference', float('nan')):>7.4f} "
             f"{q['cpu_per_raw']:>7.2f} {q['infs_per_raw']:>9.2f} {ceiling(p, r):>7.2f} "
-            f"{q['infs_per_triton']:>12.2f} {q['cpu_per_triton']:>10.2f}")
+            f"{q['infs_per_triton']:>12.2f} {q['cpu_per_triton']:>10.2f} {_steal(p):>5}")
+        stolen += (p.get("machine_steal") or 0) >= STEAL_WARN
     for model, r in raw.items():
+        ends = (f" (the mean of {r['best_at_start']:.0f} at the run's start and {r['best_at_end']:.0f} at its end)"
+                if "best_at_end" in r else "")
         rows.append(f"raw onnxruntime {model}: batch-1 p50 {r['batch1_p50_ms']:.3f} ms, "
                     f"CPU {r['batch1_cpu_ms']:.4f} ms/inf (paced 0.5 ms apart: p50 {r['paced_p50_ms']:.3f} ms, "
-                    f"CPU {r['paced_cpu_ms']:.4f} ms/inf); best batched {r['best_inferences_per_s']:.0f} inf/s")
+                    f"CPU {r['paced_cpu_ms']:.4f} ms/inf); best batched {r['best_inferences_per_s']:.0f} inf/s{ends}")
+    if stolen:
+        rows.append(f"{stolen} point(s) marked ! lost {STEAL_WARN:.0%} or more of the machine's CPU time to other "
+                    "guests (steal): measured on a slower machine than the rest; rerun before reading them")
     return "\n".join(rows)
+
+
+STEAL_WARN = 0.05  # a point whose machine lost this share of its CPU time to steal is marked
+
+
+def _steal(point: dict) -> str:
+    """The machine's stolen share over the point, in %, marked ! from STEAL_WARN on; '-' where unreadable."""
+    steal = point.get("machine_steal")
+    if steal is None:
+        return "-"
+    return f"{steal * 100:.0f}{'!' if steal >= STEAL_WARN else ''}"
 
 
 def parse_args() -> argparse.Namespace:
@@ -301,7 +342,8 @@ def main() -> None:
 
 def one_run(a: argparse.Namespace, pa: str, repo: Path, triton_repo: Path | None, rapl: RaplMeter, cores: int,
             tmp: Path) -> tuple[list[dict], dict[str, dict]]:
-    """raw onnxruntime, then Triton (when its venv is given), then gt-serve: one run's points and raw baselines."""
+    """raw onnxruntime, then Triton (when its venv is given), then gt-serve, then raw's best batched point again:
+    one run's points and raw baselines."""
     raw = {m: raw_baseline(repo, m, cores, a.raw_duration, a.jsonl) for m in a.models}
     points: list[dict] = []
     if triton_repo is not None:
@@ -310,6 +352,7 @@ def one_run(a: argparse.Namespace, pa: str, repo: Path, triton_repo: Path | None
     args = ["--model-repository", str(repo)] + (["--config", a.gt_config] if a.gt_config else [])
     with sweep_servers.gt_serve(launch(args, workdir=tmp)) as srv:
         points += sweep(pa, srv, a, rapl, tmp)
+    raw = {m: bracket_best(r, raw_best(repo, m, cores, a.raw_duration, a.jsonl)) for m, r in raw.items()}
     return points, raw
 
 
