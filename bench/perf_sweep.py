@@ -135,11 +135,13 @@ def raw_baseline(repo: Path, model: str, cores: int, duration_s: float, jsonl: s
             "best_at_start": best["inferences_per_s"]}
 
 
-def raw_best(repo: Path, model: str, cores: int, duration_s: float, jsonl: str | None) -> dict:
-    """raw onnxruntime's best batched point (batch 8 or 32, every core)."""
+def raw_best(repo: Path, model: str, cores: int, duration_s: float, jsonl: str | None, at: str = "start") -> dict:
+    """raw onnxruntime's best batched point (batch 8 or 32, every core), its JSON lines tagged with `at` (the run's
+    "start" or "end")."""
     dims, _ = MODELS[model]
     path = repo / model / "1" / "model.onnx"
-    points = [emit({"model": model, **raw_point(path, dims, b, cores, duration_s)}, jsonl) for b in (8, 32)]
+    points = [emit({"model": model, "at": at, **raw_point(path, dims, b, cores, duration_s)}, jsonl)
+              for b in (8, 32)]
     return max(points, key=lambda p: p["inferences_per_s"])
 
 
@@ -352,7 +354,7 @@ def one_run(a: argparse.Namespace, pa: str, repo: Path, triton_repo: Path | None
     args = ["--model-repository", str(repo)] + (["--config", a.gt_config] if a.gt_config else [])
     with sweep_servers.gt_serve(launch(args, workdir=tmp)) as srv:
         points += sweep(pa, srv, a, rapl, tmp)
-    raw = {m: bracket_best(r, raw_best(repo, m, cores, a.raw_duration, a.jsonl)) for m, r in raw.items()}
+    raw = {m: bracket_best(r, raw_best(repo, m, cores, a.raw_duration, a.jsonl, at="end")) for m, r in raw.items()}
     return points, raw
 
 
