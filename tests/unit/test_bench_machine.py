@@ -72,6 +72,17 @@ def test_table_marks_points_that_lost_cpu_to_steal():
     out = perf_sweep.table([point(1, 0.0), point(16, 0.12), point(64, None)], raw)
     rows = out.splitlines()
     assert rows[2].rstrip().endswith(" 0") and rows[3].rstrip().endswith(" 12!") and rows[4].rstrip().endswith(" -")
-    assert "1 point(s) marked !" in out
+    assert "1 point(s) marked !" in out and "twice running" in out
     assert "the mean of 1000 at the run's start and 1400 at its end" in out
     assert "marked !" not in perf_sweep.table([point(1, 0.01)], raw)
+
+
+def test_a_stolen_point_keeps_the_less_stolen_of_its_two_measurements():
+    first = {"inferences_per_s": 900.0, "machine_steal": 0.12}
+    assert perf_sweep.stolen(first) and not perf_sweep.stolen({"machine_steal": None})
+    calmer = {"inferences_per_s": 1000.0, "machine_steal": 0.01}
+    assert perf_sweep.less_stolen(first, calmer) == {**calmer, "remeasured_steal": 0.12}
+    worse = {"inferences_per_s": 1200.0, "machine_steal": 0.2}  # faster, but on a more stolen machine: not taken
+    assert perf_sweep.less_stolen(first, worse) == {**first, "remeasured_steal": 0.2}
+    failed = {"error": "perf_analyzer exited 1", "machine_steal": 0.0}
+    assert perf_sweep.less_stolen(first, failed)["inferences_per_s"] == 900.0
