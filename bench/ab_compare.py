@@ -8,8 +8,10 @@ alternating rounds share the drift, so their ratio is what to read (issue #17).
                                [--model mlp|convnet] [--config node.yaml] [--pa-args '--shared-memory system']
 
 Each round starts each checkout's server (`python -m gt_serve` with that checkout first on PYTHONPATH) on free
-loopback ports, runs one point, reads the server's inference count and /proc CPU, and stops it. Prints one JSON
-line per run, then the mean per checkout and each one's ratio to the first.
+loopback ports, runs one point, reads the server's inference count and /proc CPU, and stops it; every other round
+runs the checkouts in reverse order, so that neither always goes first. Prints one JSON line per run, then the mean
+per checkout, each one's ratio to the first, and in how many rounds it beat the first (an A/B of one checkout
+against itself read 0.97x here: a ratio that most rounds do not agree with is noise).
 """
 from __future__ import annotations
 
@@ -112,21 +114,44 @@ def main() -> None:
     pa = perf_sweep.perf_analyzer_path(None) if a.client != "raw" else None
     repo = perf_sweep.build_repo(Path(tempfile.mkdtemp(prefix="gt-ab-")) / "repo", [a.model], triton=False)
     results: dict[str, list[dict]] = {str(r): [] for r in a.roots}
-    for _ in range(a.rounds):
-        for root in a.roots:
+    for i in range(a.rounds):
+        for root in round_order(a.roots, i):
             res = point(root.resolve(), a, repo, pa)
             results[str(root)].append(res)
             print(json.dumps(res), flush=True)
-    ref = None
+    print("\n".join(summary(results)))
+
+
+def round_order(roots: list, i: int) -> list:
+    """The checkouts in round `i`: as given in even rounds, reversed in odd ones."""
+    return list(roots) if i % 2 == 0 else list(reversed(roots))
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summary(results: dict[str, list[dict]]) -> list[str]:
+    """A line per checkout: its means (server CPU, event-loop thread, p50, inf/s where measured), their ratios to the
+    first checkout's, and the rounds in which it used less server CPU per inference than the first did."""
+    lines, ref_runs, ref = [], None, None
     for root, runs in results.items():
-        cpu = sum(r["server_cpu_ms_per_inference"] for r in runs) / len(runs)
-        loop = sum(r["loop_cpu_ms_per_inference"] for r in runs) / len(runs)
-        p50s = [r["p50_ms"] for r in runs if "p50_ms" in r]
-        p50 = sum(p50s) / len(p50s) if p50s else 0.0
-        ref = ref or (cpu, loop, p50)
+        cpu = _mean([r["server_cpu_ms_per_inference"] for r in runs])
+        loop = _mean([r["loop_cpu_ms_per_inference"] for r in runs])
+        p50 = _mean([r["p50_ms"] for r in runs if "p50_ms" in r])
+        infs = _mean([r["inferences_per_s"] for r in runs if "inferences_per_s" in r])
+        if ref is None:
+            ref_runs, ref = runs, (cpu, loop, p50, infs)
         latency = f", p50 {p50:.3f} ms ({p50 / ref[2]:.2f}x)" if p50 and ref[2] else ""
-        print(f"{root}: server CPU {cpu:.4f} ms/inf ({cpu / ref[0]:.2f}x the first), event-loop thread "
-              f"{loop:.4f} ms/inf ({loop / ref[1]:.2f}x){latency}")
+        rate = f", {infs:.0f} inf/s ({infs / ref[3]:.2f}x)" if infs and ref[3] else ""
+        line = (f"{root}: server CPU {cpu:.4f} ms/inf ({cpu / ref[0]:.2f}x the first), event-loop thread "
+                f"{loop:.4f} ms/inf ({loop / ref[1]:.2f}x){latency}{rate}")
+        if runs is not ref_runs:
+            pairs = list(zip(ref_runs, runs))
+            wins = sum(r["server_cpu_ms_per_inference"] < f["server_cpu_ms_per_inference"] for f, r in pairs)
+            line += f"; less server CPU than the first in {wins} of {len(pairs)} rounds"
+        lines.append(line)
+    return lines
 
 
 if __name__ == "__main__":

@@ -1,0 +1,41 @@
+"""bench/ab_compare.py: the checkouts take turns going first, and the summary gives each one's means, their ratios to
+the first checkout's, and in how many rounds it beat the first (issue #17: A/Bs on a machine that drifts)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import ab_compare  # noqa: E402
+
+
+def run(cpu, loop, p50=None, infs=None):
+    out = {"server_cpu_ms_per_inference": cpu, "loop_cpu_ms_per_inference": loop}
+    if p50 is not None:
+        out["p50_ms"] = p50
+    if infs is not None:
+        out["inferences_per_s"] = infs
+    return out
+
+
+def test_checkouts_take_turns_going_first():
+    roots = ["old", "new"]
+    assert [ab_compare.round_order(roots, i) for i in range(3)] == [["old", "new"], ["new", "old"], ["old", "new"]]
+    assert roots == ["old", "new"]
+
+
+def test_summary_gives_means_ratios_and_rounds_won():
+    results = {"old": [run(0.20, 0.10, 10.0, 5000), run(0.20, 0.10, 10.0, 5000), run(0.20, 0.10, 10.0, 5000)],
+               "new": [run(0.10, 0.05, 9.0, 6000), run(0.25, 0.12, 11.0, 4000), run(0.15, 0.07, 10.0, 5000)]}
+    old, new = ab_compare.summary(results)
+    assert old.startswith("old: server CPU 0.2000 ms/inf (1.00x the first)") and "rounds" not in old
+    assert "server CPU 0.1667 ms/inf (0.83x the first)" in new
+    assert "p50 10.000 ms (1.00x)" in new and "5000 inf/s (1.00x)" in new
+    assert new.endswith("less server CPU than the first in 2 of 3 rounds")
+
+
+def test_summary_of_the_lean_client_leaves_out_what_it_did_not_measure():
+    (only,) = ab_compare.summary({"a": [run(0.2, 0.1)]})
+    assert "p50" not in only and "inf/s" not in only.replace("ms/inf", "")
