@@ -16,11 +16,10 @@ server's main (event-loop) thread CPU, perf_analyzer's own CPU, and the `ceiling
 shared cores (raw best-batch CPU / (that + the client's CPU): the inf/s/raw a server costing nothing beyond
 onnxruntime would reach); per point, the share of the machine's CPU time stolen by other guests of the VM
 (`steal`, from /proc/stat; a point at 5 % or more is measured once more and the less stolen kept, and marked if
-it still is: it ran on a slower machine than the rest). Prints
-JSON lines (also appended to
---jsonl), then a table of ratios. With `--runs N` the whole sweep runs N times (raw, Triton, gt-serve each
-time), each run prints its own table, and a last table gives every figure's median over the runs and its range,
-the ratios taken within each run (bench/sweep_summary.py).
+it still is: it ran on a slower machine than the rest). Prints JSON lines (also appended to --jsonl), then a table
+of ratios. With `--runs N` the whole sweep runs N times (raw, Triton, gt-serve each time), each run prints its own
+table, and a last table gives every figure's median over the runs and its range, the ratios taken within each run
+(bench/sweep_summary.py).
 
     python bench/perf_sweep.py [--models mlp,convnet] [--protocols http,grpc] [--concurrency 1,16,64]
                                [--interval-ms 2000] [--triton-venv PATH] [--jsonl out.jsonl] [--quick] [--runs 3]
