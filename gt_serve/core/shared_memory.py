@@ -195,8 +195,7 @@ class SystemSharedMemory:
                 self._kept.move_to_end(path)
                 return kept.fd, st.st_size
         self._forget(path)
-        fd = self._open(key, what, writable)
-        st = os.fstat(fd)
+        fd, st = self._open(path, key, what, writable)
         self._kept[path] = _Kept(fd, st.st_dev, st.st_ino, writable)
         while len(self._kept) > MAX_KEPT:
             self._forget(next(iter(self._kept)))
@@ -207,20 +206,21 @@ class SystemSharedMemory:
         if kept is not None:
             os.close(kept.fd)
 
-    def _open(self, key: str, what: str, writable: bool) -> int:
-        """Open the region's object without following links and check it is ours to use."""
-        path = os.path.join(self._root, check_key(key, what))
+    def _open(self, path: str, key: str, what: str, writable: bool) -> tuple[int, os.stat_result]:
+        """Open the object at `path` (the checked `key`'s, under the shm root) without following links and check it
+        is ours to use: (the descriptor, its fstat)."""
         try:
             fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | _OPEN_FLAGS)
         except OSError as exc:
             raise InvalidArgument(f"{what}: unable to open shared memory key '{key}': "
                                   f"{_open_reason(exc)}") from None
         try:
-            self._check_object(os.fstat(fd), key, what)
+            st = os.fstat(fd)
+            self._check_object(st, key, what)
         except BaseException:
             os.close(fd)
             raise
-        return fd
+        return fd, st
 
     def _check_object(self, st: os.stat_result, key: str, what: str) -> None:
         if not stat.S_ISREG(st.st_mode):
