@@ -310,7 +310,7 @@ def _steal(point: dict) -> str:
     steal = point.get("machine_steal")
     if steal is None:
         return "-"
-    return f"{steal * 100:.0f}{'!' if steal >= STEAL_WARN else ''}"
+    return f"{steal * 100:.0f}{'!' if stolen(point) else ''}"
 
 
 def parse_args() -> argparse.Namespace:
