@@ -14,6 +14,7 @@ from .tls import validate_server_tls
 MODEL_CONTROL_MODES = ("none", "explicit", "poll")
 ROUTER_POLICIES = ("balanced", "latency", "energy", "round_robin", "least_loaded", "cosine")
 IO_BINDING_MODES = ("auto", "always", "never")
+LAUNCH_MODES = ("auto", "always", "never")
 GRPC_TRANSPORTS = ("grpcio", "native")
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 METRICS_AUTH_MODES = ("same", "token", "none")
@@ -89,6 +90,11 @@ class LanesConfig:
     # ~0.9x CPU and p50 per inference; a model without dynamic batching under load 0.76-0.87x CPU; issue #17). The
     # loop is busy for that long, so keep it short; 0 = every batch runs on its lane's thread. CPU lanes only.
     inline_max_us: int = 300
+    # a CPU model's batch of several requests (up to 512 KiB of inputs) launched from the event loop into
+    # onnxruntime's pool, not run on the lane's thread: it starts without waiting for the lane thread to get the GIL,
+    # but computes on one thread (issue #17, core/launch_choice.py). "auto": while the model's lane runs take under
+    # 0.1 ms a row (re-timed every 256 launched batches); "always": every such batch; "never"
+    launch: str = "auto"
     gpu_streams_per_device: int = 2
     gpus: tuple[int, ...] = ()  # empty = every visible GPU
     # onnxruntime IO binding to pooled device buffers: "auto" = on GPU lanes, "always" = CPU lanes too, "never"
@@ -247,6 +253,8 @@ def _validate_lanes(lanes: LanesConfig) -> None:
         raise ConfigError(f"config key 'lanes.io_binding' must be one of {IO_BINDING_MODES}, got {lanes.io_binding!r}")
     if lanes.inline_max_us < 0:
         raise ConfigError(f"config key 'lanes.inline_max_us' must be 0 or more microseconds, got {lanes.inline_max_us!r}")
+    if lanes.launch not in LAUNCH_MODES:
+        raise ConfigError(f"config key 'lanes.launch' must be one of {LAUNCH_MODES}, got {lanes.launch!r}")
     if lanes.spin_us < 0:
         raise ConfigError(f"config key 'lanes.spin_us' must be 0 or more microseconds, got {lanes.spin_us!r}")
     if lanes.gpu_memory_limit_bytes < 0:

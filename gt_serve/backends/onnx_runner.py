@@ -10,7 +10,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -90,6 +90,10 @@ class OnnxRunner:
         self._binding = threading.local()
         ins, outs = self.session.get_inputs(), self.session.get_outputs()
         # reshaped tensors take the plain path (run() reshapes them)
+        # onnxruntime's RunAsync takes a thread of the session's intra-op pool, so the pool needs one besides the caller
+        threads = self.effective["intra_op_threads"] or (os.cpu_count() or 1)
+        self.runs_async = (self.provider == "CPUExecutionProvider" and threads >= 2
+                           and hasattr(self.session, "run_async"))
         self.bindable = all(t.type in ORT_TO_NUMPY for t in (*ins, *outs)) and not (self._in_reshape or self._out_reshape)
         # dim 0 that is symbolic in every input is the batch; an output whose dim 0 carries the same
         # symbol (or is unnamed where the inputs' are) is sized from the batch before the run
@@ -107,23 +111,46 @@ class OnnxRunner:
         return self.provider == "CUDAExecutionProvider"
 
     def run(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None) -> list[np.ndarray]:
+        names = output_names or self.output_names
+        try:
+            outputs = self._run(names, self._session_feeds(feeds), self._run_options)
+        except Exception as exc:
+            self._raise_if_out_of_memory(exc)
+            raise
+        return self._graph_outputs(names, outputs) if self._out_reshape else outputs
+
+    def run_async(self, feeds: dict[str, np.ndarray], output_names: list[str] | None,
+                  done: Callable[[list | None, BaseException | None], None]) -> None:
+        """Start the run on one thread of onnxruntime's intra-op pool and return; `done(outputs, None)` or
+        `done(None, error)` is called on that thread (holding the GIL) when it ends. Requires `runs_async`. Raises
+        what onnxruntime refuses before it starts. As with `run`, the runner must not be closed while a run is in
+        flight (the executor releases its sessions only when none is): the callback does not hold the session,
+        so that the last reference to it is never dropped on a thread of the session's own pool."""
+        names = output_names or self.output_names
+
+        def ran(outputs: list, _user_data: Any, error: str) -> None:
+            if error:
+                done(None, RuntimeError(error))
+            else:
+                done(self._graph_outputs(names, outputs) if self._out_reshape else outputs, None)
+
+        self.session.run_async(names, self._session_feeds(feeds), ran, None, self._run_options)
+
+    def _session_feeds(self, feeds: dict[str, np.ndarray]) -> dict:
+        """The feeds as onnxruntime takes them: strings decoded, the config's reshapes applied."""
         if self._string_inputs:
             feeds = dict(feeds)
             for name in self._string_inputs:
                 if name in feeds:
                     feeds[name] = _as_str_array(feeds[name])
-        names = output_names or self.output_names
         if self._in_reshape:
             feeds = {n: self._reshaped(a, self._in_reshape[n]) if n in self._in_reshape else a for n, a in feeds.items()}
-        try:
-            outputs = self._run(names, feeds, self._run_options)
-        except Exception as exc:
-            self._raise_if_out_of_memory(exc)
-            raise
-        if self._out_reshape:
-            outputs = [self._reshaped(o, self._out_reshape[n]) if n in self._out_reshape else o
-                       for n, o in zip(names, outputs)]
-        return outputs
+        return feeds
+
+    def _graph_outputs(self, names: list[str], outputs: list) -> list:
+        """The session's outputs with the config's output reshapes applied."""
+        reshape = self._out_reshape
+        return [self._reshaped(o, reshape[n]) if n in reshape else o for n, o in zip(names, outputs)]
 
     def _raise_if_out_of_memory(self, exc: Exception) -> None:
         """A GPU session's run that could not grow its arena on the device: DeviceOutOfMemory (RESOURCE_EXHAUSTED

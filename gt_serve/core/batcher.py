@@ -46,15 +46,17 @@ class Entry:
 class Batch:
     """Requests taken from the queue to run together; `size` is their total batch size; `traced`: some
     entry's context is a request trace (core/trace_context.py) to be told how the batch ran; `inline`: its
-    executor ran it on the event loop's thread."""
+    executor ran it on the event loop's thread; `launch`: None, or whether it fitted its model's LaunchChoice and
+    was launched into onnxruntime's pool (True) or ran on its lane's thread (False)."""
 
-    __slots__ = ("entries", "size", "traced", "inline")
+    __slots__ = ("entries", "size", "traced", "inline", "launch")
 
     def __init__(self, entries: list[Entry], size: int, traced: bool = False) -> None:
         self.entries = entries
         self.size = size
         self.traced = traced
         self.inline = False
+        self.launch: bool | None = None
 
 
 class Batcher:

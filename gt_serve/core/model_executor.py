@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Protocol
 from ..errors import Unavailable
 from .batch_completion import BatchCompletion
 from .batcher import Batch, Batcher, Entry
+from .launch_choice import LaunchChoice
 from .trace_context import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -45,9 +46,11 @@ class ModelExecutor:
 
     def __init__(self, batcher: Batcher, runners: Mapping[Any, Any], job_factory: JobFactory,
                  completion: BatchCompletion, scheduler: SchedulerLink, spec: Any, *,
-                 version: str = "", weight: float = 1.0, inline_max_ns: int = 0) -> None:
+                 version: str = "", weight: float = 1.0, inline_max_ns: int = 0, launch: str = "never") -> None:
         """`inline_max_ns`: a one-row batch of a shape whose runs take less than this runs on the loop thread
-        (`_runs_inline`); 0 = every batch goes to its lane's thread."""
+        (`_runs_inline`); 0 = every batch goes to its lane's thread. `launch`: whether batches of several requests
+        are launched from the loop into onnxruntime's pool: "auto" (LaunchChoice times the model), "always" (every
+        batch that fits), "never"."""
         self.name = batcher.name
         self.version = version
         self.batcher = batcher
@@ -67,6 +70,7 @@ class ModelExecutor:
         self._released = False
         self._inline_max_ns = inline_max_ns
         self._lone_ns: dict[tuple, int] = {}  # row shapes -> moving average of one-row batches' run time
+        self._launch = LaunchChoice(always=launch == "always") if launch != "never" else None
 
     @property
     def pending(self) -> int:
@@ -85,8 +89,14 @@ class ModelExecutor:
         if self._inline_max_ns and self._runs_inline(batch, lane):
             batch.inline = True
             lane.run_here(job, self._complete, batch)
-        else:
-            lane.submit(job, self._complete, batch)
+            return
+        launch = self._launch
+        if launch is not None and not lane.on_gpu and getattr(job, "launchable", False) and launch.fits(batch):
+            batch.launch = launch.launching
+            if batch.launch:
+                lane.launch(job, self._complete, batch)
+                return
+        lane.submit(job, self._complete, batch)
 
     def _runs_inline(self, batch: Batch, lane: Any) -> bool:
         """A one-row batch on a CPU lane, of a shape whose runs have taken less than `inline_max_ns`, with no other
@@ -107,6 +117,8 @@ class ModelExecutor:
         self.in_flight -= 1
         if self._inline_max_ns and batch.size == 1:
             self._note_lone_run(batch, elapsed_ns)
+        elif batch.launch is not None and exc is None:
+            self._launch.ran(batch, batch.launch, elapsed_ns)
         self._scheduler.finished(self, elapsed_ns)
         try:
             self._completion.resolve(batch, lane, result, exc)

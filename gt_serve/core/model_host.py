@@ -73,9 +73,11 @@ class LocalModelHost:
                  model_knobs: Mapping[str, Mapping[str, Any]] | None = None, *,
                  energy_observer: EnergyObserver | None = None, response_cache: bool = False,
                  memory: MemoryBook | None = None, slo_s: Mapping[str, float] | None = None,
-                 inline_max_ns: int = 0) -> None:
+                 inline_max_ns: int = 0, launch: str = "never") -> None:
         """`slo_s`: latency SLO per model name (router.slo_ms), for the spill path's check (core/spill.py);
-        `inline_max_ns`: one-row batches shorter than this run on the loop thread (ModelExecutor._runs_inline)."""
+        `inline_max_ns`: one-row batches shorter than this run on the loop thread (ModelExecutor._runs_inline);
+        `launch`: lanes.launch, whether batches are launched into onnxruntime's pool from the loop
+        (core/launch_choice.py)."""
         self.loop = loop
         self.scheduler = scheduler
         self.lanes = lanes
@@ -87,6 +89,7 @@ class LocalModelHost:
         self._memory = memory  # model-memory budget book: footprints measured here (core/memory_budget.py)
         self._slo_s = dict(slo_s or {})
         self._inline_max_ns = inline_max_ns
+        self._launch = launch
 
     def _lanes_for(self, cfg: mc.ModelConfig, cpu_only: bool = False) -> list:
         """instance_group -> the shared lanes this model may use: per group, `count` lanes of its kind
@@ -201,7 +204,8 @@ class LocalModelHost:
         executor = ModelExecutor(batcher, runners, self._job_factory,
                                  BatchCompletion(model.name, model.stats, self._energy_observer),
                                  self.scheduler, model.spec, version=model.version,
-                                 weight=float(knobs.get("weight", 1.0)), inline_max_ns=self._inline_max_ns)
+                                 weight=float(knobs.get("weight", 1.0)), inline_max_ns=self._inline_max_ns,
+                                 launch=self._launch)
         providers = sorted({getattr(r, "provider", "?") for r in executor.runners})
         self.loop.call_soon_threadsafe(self.scheduler.register, executor)
         log.info("model %s v%s on lanes %s (%s), batching %s", model.name, model.version,

@@ -5,7 +5,7 @@ Runs in the lane's thread. Timings are returned so statistics are kept per batch
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -27,19 +27,20 @@ class BatchJob:
         self.input_order = input_order
         self.output_names = output_names
 
+    @property
+    def launchable(self) -> bool:
+        """Whether `start` may run this job (Lane.launch): its runner can start a run in onnxruntime's pool."""
+        return getattr(self.runner, "runs_async", False)
+
     def __call__(self):
         t0 = _now_ns()
-        feeds_list = self.feeds_list
-        loans = []
-        if len(feeds_list) == 1:
-            feeds = feeds_list[0]
-        else:
-            feeds = {name: self._pack([f[name] for f in feeds_list], loans) for name in feeds_list[0]}
+        loans: list = []
+        feeds = self._feeds(loans)
         t1 = _now_ns()
         try:
             outputs = self.runner.run(feeds, self.output_names)
         except Exception:
-            if len(feeds_list) == 1:
+            if len(self.feeds_list) == 1:
                 raise
             outputs = None  # one request spoilt the batch: find it below
         finally:
@@ -47,14 +48,54 @@ class BatchJob:
                 loan.release()
         if outputs is None:
             return self._one_by_one(t0, t1)
-        t2 = _now_ns()
+        return self._split(outputs, t0, t1)
+
+    def start(self, finish: Callable[[Any, BaseException | None], None], retry: Callable[[Callable], None]) -> None:
+        """The job without a thread of its own (`Lane.launch`): pack on the calling thread, start the run in
+        onnxruntime's pool (`runner.run_async`) and return. `finish(result, None)`, with what calling the job
+        returns, comes from onnxruntime's thread; a failed batch of several requests goes to `retry(job)`, a job
+        that runs them one at a time, as `__call__` would (on a lane thread, not in onnxruntime's callback)."""
+        t0 = _now_ns()
+        loans: list = []
+
+        def ran(outputs: list | None, exc: BaseException | None) -> None:
+            for loan in loans:
+                loan.release()
+            if exc is None:
+                try:
+                    result = self._split(outputs, t0, t1)
+                except Exception as e:  # noqa: BLE001 - nothing may escape into onnxruntime's thread
+                    finish(None, e)
+                else:
+                    finish(result, None)
+            elif len(self.feeds_list) == 1:
+                finish(None, exc)
+            else:
+                retry(lambda: self._one_by_one(t0, t1))
+
+        feeds = self._feeds(loans)
+        t1 = _now_ns()
+        try:
+            self.runner.run_async(feeds, self.output_names, ran)
+        except Exception as exc:  # refused before it started
+            ran(None, exc)
+
+    def _feeds(self, loans: list) -> dict:
+        """The batch's inputs: one request's own, or the requests' packed (into pooled buffers, in `loans`)."""
+        feeds_list = self.feeds_list
         if len(feeds_list) == 1:
+            return feeds_list[0]
+        return {name: self._pack([f[name] for f in feeds_list], loans) for name in feeds_list[0]}
+
+    def _split(self, outputs: list, t0: int, t1: int):
+        """(per-request outputs, (input_ns, infer_ns, output_ns)) of a batch run that began at t0 and ran from t1."""
+        t2 = _now_ns()
+        if len(self.feeds_list) == 1:
             per_request = [outputs]
         else:
             splits = [self.backend.scatter(out, self.counts) for out in outputs]
-            per_request = [[s[i] for s in splits] for i in range(len(feeds_list))]
-        t3 = _now_ns()
-        return per_request, (t1 - t0, t2 - t1, t3 - t2)
+            per_request = [[s[i] for s in splits] for i in range(len(self.feeds_list))]
+        return per_request, (t1 - t0, t2 - t1, _now_ns() - t2)
 
     def _one_by_one(self, t0: int, t1: int):
         """The batch run failed: run each request alone, so that only the requests that fail get

@@ -28,6 +28,7 @@ class BoundBatchJob(BatchJob):
     like `BatchJob`. `backend` is the lane's `ArrayBackend` (where the session computes)."""
 
     __slots__ = ()
+    launchable = False  # binds its buffers: runs on the lane's thread (and CUDA stream)
 
     def __call__(self):
         t0 = _now_ns()

@@ -32,6 +32,7 @@ class Lane:
     stream: Any = None  # cupy Stream on GPU lanes
     busy: bool = False
     batches_run: int = 0
+    launched: int = 0  # of those, batches launched into onnxruntime's pool from the loop (`launch`)
     busy_ns: int = 0
     _jobs: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     _thread: threading.Thread | None = None
@@ -51,6 +52,27 @@ class Lane:
         self.busy = True
         timed = self._timed(job, Exception)  # the batch fails, the loop lives on
         self.loop.call_soon(self._finished, reply, tag, *timed)
+
+    def launch(self, job: Any, reply: Reply, tag: Any) -> None:
+        """Start `job` (a BatchJob of a runner that `runs_async`) from the calling thread, the loop's: it packs here
+        and computes on a thread of onnxruntime's pool, so the run starts without waking the lane thread and waiting
+        for the GIL to pass to it. `reply` comes as from the lane thread; a failed batch of several requests is
+        re-run one request at a time on the lane thread (its queue is empty: the lane is busy with this job)."""
+        self.busy = True
+        self.launched += 1
+        start_ns = _now_ns()
+        call = self.loop.call_soon_threadsafe
+
+        def finish(result: Any, exc: BaseException | None) -> None:  # on onnxruntime's thread
+            try:
+                call(self._finished, reply, tag, result, exc, _now_ns() - start_ns)
+            except RuntimeError:  # loop closed during shutdown
+                pass
+
+        try:
+            job.start(finish, lambda retry: self._jobs.put((retry, reply, tag)))
+        except Exception as exc:  # noqa: BLE001 - the batch fails, the loop lives on
+            self.loop.call_soon(self._finished, reply, tag, None, exc, _now_ns() - start_ns)
 
     def finish(self, elapsed_ns: int) -> None:
         """Bookkeeping for one finished batch, on the loop thread (the only writer of these fields)."""

@@ -80,13 +80,18 @@ class ServerCollector:
 
         busy = CounterMetricFamily("gt_lane_busy_seconds", "Time each lane spent running batches", labels=["lane", "device"])
         runs = CounterMetricFamily("gt_lane_batches", "Batches run by each lane", labels=["lane", "device"])
+        launched = CounterMetricFamily("gt_lane_batches_launched", "Of a lane's batches, those launched into "
+                                       "onnxruntime's pool from the event loop (lanes.launch)",
+                                       labels=["lane", "device"])
         inflight = GaugeMetricFamily("gt_lane_busy", "1 while the lane runs a batch", labels=["lane", "device"])
         for lane in app.lanes:
             busy.add_metric([lane.lane_id, lane.device], lane.busy_ns / 1e9)
             runs.add_metric([lane.lane_id, lane.device], lane.batches_run)
+            launched.add_metric([lane.lane_id, lane.device], lane.launched)
             inflight.add_metric([lane.lane_id, lane.device], 1.0 if lane.busy else 0.0)
         yield busy
         yield runs
+        yield launched
         yield inflight
         yield from self._cache(app, models)
         yield from self._extra(app)
@@ -211,7 +216,7 @@ def status_snapshot(app: Any) -> dict:
         "time_s": time.time(),
         "ports": app.ports,
         "lanes": [{"id": l.lane_id, "device": l.device, "busy": l.busy, "batches": l.batches_run,
-                   "busy_s": round(l.busy_ns / 1e9, 3)} for l in app.lanes],
+                   "launched": l.launched, "busy_s": round(l.busy_ns / 1e9, 3)} for l in app.lanes],
         "models": [{"name": m.name, "version": m.version, "state": m.state,
                     "queue": getattr(m.executor, "pending", 0), "inferences": m.stats.inference_count,
                     "executions": m.stats.execution_count, "success": m.stats.durations["success"].count,

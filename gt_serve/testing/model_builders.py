@@ -92,6 +92,18 @@ def dtype_identity(path: Path) -> None:
     _save(helper.make_graph(nodes, "dtypes", inputs, outputs), path)
 
 
+def gather(path: Path, table: np.ndarray) -> None:
+    """INT64 INDICES [B, 1] -> OUTPUT [B, 1, width] = rows of a constant `table` (Gather): an index out of range
+    passes every check a server makes (datatype, shape) and fails inside onnxruntime's run."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    indices = helper.make_tensor_value_info("INDICES", TensorProto.INT64, ["batch", 1])
+    out = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", 1, table.shape[1]])
+    node = helper.make_node("Gather", ["TABLE", "INDICES"], ["OUTPUT"], axis=0)
+    _save(helper.make_graph([node], "gather", [indices], [out], initializer=[numpy_helper.from_array(table, "TABLE")]),
+          path)
+
+
 def classifier(path: Path, features: int = 8, classes: int = 5, seed: int = 0) -> np.ndarray:
     """FP32 INPUT [B, features] -> OUTPUT softmax(INPUT @ W) [B, classes]. Returns W."""
     from onnx import TensorProto, helper, numpy_helper

@@ -7,6 +7,7 @@ onnxruntime's run, in a lane thread.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import urllib.error
 import urllib.request
@@ -27,24 +28,16 @@ TABLE = np.arange(ROWS * 4, dtype=np.float32).reshape(ROWS, 4)
 
 
 def gather_model(path: Path) -> None:
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    indices = helper.make_tensor_value_info("INDICES", TensorProto.INT64, ["batch", 1])
-    out = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", 1, 4])
-    table = numpy_helper.from_array(TABLE, "TABLE")
-    node = helper.make_node("Gather", ["TABLE", "INDICES"], ["OUTPUT"], axis=0)
-    model = helper.make_model(helper.make_graph([node], "gather", [indices], [out], initializer=[table]),
-                              opset_imports=[helper.make_opsetid("", mb.OPSET)])
-    model.ir_version = mb.IR_VERSION
-    onnx.checker.check_model(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
+    mb.gather(path, TABLE)
 
 
-@pytest.fixture(scope="module", params=["auto", "always"], ids=["plain", "io_binding"])
+LANES = {"plain": "io_binding: auto", "io_binding": "io_binding: always", "launched": "launch: always"}
+
+
+@pytest.fixture(scope="module", params=sorted(LANES))
 def fault_server(request, tmp_path_factory):
-    """The same server on the plain path and with every lane using IO binding (BoundBatchJob)."""
+    """The same server on the plain path, with every lane using IO binding (BoundBatchJob), and with every batch of
+    several requests launched into onnxruntime's pool from the event loop (Lane.launch)."""
     root = tmp_path_factory.mktemp("fault_repo")
     gather_model(root / "gather" / "1" / "model.onnx")
     # CPU lanes: onnxruntime's CPU Gather checks its indices (a CUDA kernel need not)
@@ -59,8 +52,9 @@ def fault_server(request, tmp_path_factory):
     mb.simple_add_sub(root / "simple" / "1" / "model.onnx")
     (root / "simple" / "config.pbtxt").write_text(mb.SIMPLE_CONFIG)
     work = tmp_path_factory.mktemp("fault_srv")
-    (work / "node.yaml").write_text(f"lanes:\n  io_binding: {request.param}\n")
+    (work / "node.yaml").write_text(f"lanes:\n  {LANES[request.param]}\n")
     srv = start_server(root, work, "--config", str(work / "node.yaml"))
+    srv.lanes = request.param
     yield srv
     srv.stop()
 
@@ -194,3 +188,19 @@ def test_a_bad_request_does_not_fail_its_batch_mates(fault_server):
     after = stats(srv, "gather_batched")["inference_stats"]
     assert after["fail"]["count"] - before["fail"]["count"] == 1
     assert after["success"]["count"] - before["success"]["count"] == 1
+
+
+def test_a_launched_batch_that_fails_is_rerun_request_by_request(fault_server):
+    """With `lanes.launch: always`, batches of several requests were launched (the metric counts them), and the
+    failed one was re-run one request at a time (the test above)."""
+    if fault_server.lanes != "launched":
+        pytest.skip("only the server that launches its batches")
+    test_a_bad_request_does_not_fail_its_batch_mates(fault_server)
+    with urllib.request.urlopen(f"http://{fault_server.metrics_url}/metrics", timeout=TIMEOUT_S) as r:
+        text = r.read().decode()
+    launched = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith("gt_lane_batches_launched_total{")]
+    if (os.cpu_count() or 1) < 2:  # onnxruntime's RunAsync needs two intra-op threads: nothing is launched
+        assert launched and sum(launched) == 0
+    else:
+        assert launched and sum(launched) >= 1

@@ -8,7 +8,7 @@ def test_defaults():
     cfg = parse_config({})
     assert cfg.server.http_port == 8000 and cfg.server.server_name == "gt_serve"
     assert cfg.router.policy == "balanced"
-    assert cfg.server.grpc_transport == "native" and cfg.lanes.io_binding == "auto"
+    assert cfg.server.grpc_transport == "native" and cfg.lanes.io_binding == "auto" and cfg.lanes.launch == "auto"
 
 
 def test_grpc_transport_from_the_environment(monkeypatch):
@@ -29,6 +29,7 @@ def test_grpc_transport_from_the_environment(monkeypatch):
     ({"lanes": {"gpu_memory_limit_bytes": -1}}, ["lanes.gpu_memory_limit_bytes", "-1"]),
     ({"lanes": {"spin_us": -5}}, ["lanes.spin_us", "-5"]),
     ({"lanes": {"inline_max_us": -1}}, ["lanes.inline_max_us", "-1"]),
+    ({"lanes": {"launch": "sometimes"}}, ["lanes.launch", "sometimes"]),
 ])
 def test_bad_values_are_named(raw, words):
     with pytest.raises(ConfigError) as err:

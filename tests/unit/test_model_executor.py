@@ -7,11 +7,13 @@ import asyncio
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from gt_serve.core.batch_completion import BatchCompletion
 from gt_serve.core.batch_policy import BatchConfig
 from gt_serve.core.batcher import Batcher, QueuePolicy
+from gt_serve.core.launch_choice import _SETTLE
 from gt_serve.core.model_executor import ModelExecutor
 from gt_serve.core.statistics import ModelStats
 from gt_serve.errors import Internal, Unavailable
@@ -28,6 +30,7 @@ class FakeLane:
         self.busy = False
         self.submitted = []
         self.ran_here = []
+        self.launched = []
         self.finished_ns = []
 
     on_gpu = False
@@ -41,6 +44,12 @@ class FakeLane:
         self.busy = True
         self.ran_here.append(tag)
         self.submitted.append((lambda result=job(): result, reply, tag))
+
+    def launch(self, job, reply, tag):
+        """As Lane.launch: recorded; the job runs and is replied to by `finish_next`, as from onnxruntime's pool."""
+        self.busy = True
+        self.launched.append(tag)
+        self.submitted.append((job, reply, tag))
 
     def finish_next(self, elapsed_ns=1_000):
         job, reply, tag = self.submitted.pop(0)
@@ -72,9 +81,10 @@ class RecordingScheduler:
 class Runner:
     """Doubles its input; a negative value fails that request alone, "boom" the whole run; counts closes."""
 
-    def __init__(self):
+    def __init__(self, launchable=True):
         self.closed = 0
         self.runs = []
+        self.launchable = launchable
 
     def job(self, runner, batch, spec, lane):
         def run():
@@ -84,19 +94,21 @@ class Runner:
                 raise RuntimeError("session exploded")
             per_request = [ValueError("negative") if x < 0 else [2 * x] for x in rows]
             return per_request, (10, 20, 30)
+        if self.launchable:  # as a BatchJob whose runner can start a run in onnxruntime's pool
+            run.launchable = True
         return run
 
     def close(self):
         self.closed += 1
 
 
-def build(energy=None, inline_max_ns=0, extra_lanes=(), max_batch_size=8):
-    lane, sched, runner = FakeLane(), RecordingScheduler(), Runner()
+def build(energy=None, inline_max_ns=0, extra_lanes=(), max_batch_size=8, launch="never", launchable=True):
+    lane, sched, runner = FakeLane(), RecordingScheduler(), Runner(launchable)
     stats = ModelStats("m", "1")
     batcher = Batcher("m", BatchConfig(max_batch_size, (), 0.0), QueuePolicy(), wake=sched.notify)
     runners = {lane: runner, **{extra: runner for extra in extra_lanes}}
     executor = ModelExecutor(batcher, runners, runner.job, BatchCompletion("m", stats, energy), sched, SPEC,
-                             version="1", inline_max_ns=inline_max_ns)
+                             version="1", inline_max_ns=inline_max_ns, launch=launch)
     return executor, lane, sched, runner, stats
 
 
@@ -308,3 +320,45 @@ async def one_loop_turn():
     turn = loop.create_future()
     loop.call_soon(turn.set_result, None)
     await turn
+
+
+def test_batches_of_several_requests_are_launched_once_the_lane_has_timed_them_fast():
+    async def main():
+        executor, lane, _, runner, _ = build(launch="auto", max_batch_size=16, inline_max_ns=100_000)
+
+        def batch_of(values, elapsed_ns=8 * 10_000):  # one-row requests taken as one batch; 10 us a row
+            futures = [executor.submit({"x": np.int64(x)}, 1, ()) for x in values]
+            dispatch_all(executor, lane)
+            lane.finish_next(elapsed_ns=elapsed_ns)
+            return futures
+
+        for _ in range(_SETTLE):
+            batch_of(range(8))
+        assert lane.launched == [] and len(runner.runs) == _SETTLE  # timed on the lane first
+        futures = batch_of([1, 2, 3])
+        assert len(lane.launched) == 1 and lane.launched[0].launch is True
+        assert [await asyncio.wait_for(f, WAIT_S) for f in futures] == [[2], [4], [6]]
+        lone = batch_of([4])  # one request: never launched (inline or on the lane)
+        assert len(lane.launched) == 1
+        lane.on_gpu = True
+        batch_of([5, 6])  # a GPU lane's stream is its thread's
+        assert len(lane.launched) == 1
+        assert await asyncio.wait_for(lone[0], WAIT_S) == [8]
+    asyncio.run(main())
+
+
+def test_launch_always_never_and_jobs_that_cannot_launch():
+    async def main():
+        async def first_batch(executor, lane):
+            futures = [executor.submit({"x": np.int64(x)}, 1, ()) for x in (1, 2)]
+            dispatch_all(executor, lane)
+            lane.finish_next()
+            return [await asyncio.wait_for(f, WAIT_S) for f in futures]
+
+        always, lane, _, _, _ = build(launch="always")
+        assert await first_batch(always, lane) == [[2], [4]] and len(lane.launched) == 1  # no timing first
+        never, lane, _, _, _ = build(launch="never")
+        assert await first_batch(never, lane) == [[2], [4]] and lane.launched == []
+        bound, lane, _, _, _ = build(launch="always", launchable=False)  # e.g. a job that binds its buffers
+        assert await first_batch(bound, lane) == [[2], [4]] and lane.launched == []
+    asyncio.run(main())

@@ -1,0 +1,67 @@
+"""Which way a CPU model's batch of several requests starts: on its lane's thread, or launched from the event loop
+into onnxruntime's own pool (`Lane.launch`; issue #17, seventh pass).
+
+A launched run starts at once: the lane thread need not wake up and wait for the GIL, which the loop holds while it
+parses and answers (at 64 clients a small model's batch waited 1.5-1.8 ms for a run of 1.2-1.4 ms). The price: the
+batch is packed on the loop, and onnxruntime computes a launched run on one thread of its pool, so the run takes
+about twice as long on two cores. That pays for a model whose rows are cheap against a request's Python on the
+loop (mlp: +6 to +14 % inf/s in six of seven A/Bs), and loses for a compute-bound one (convnet: 0.66x) or one whose
+batch is many bytes to pack on the loop (a 3x224x224 image model: 0.89x). So a model starts on its lane, and its
+batches are launched while its lane runs take less than a bound per row and the batch's inputs are small.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+MAX_BATCH_BYTES = 512 * 1024  # inputs packed on the loop: ~0.05 ms of copying, as long as a request's Python
+ROW_NS = 100_000  # launch while the fastest lane run takes less than this a row (mlp 28-70 µs, convnet ~690 µs)
+_MIN_ROWS = 8  # lane runs of fewer rows are not timed: a run's fixed cost would dominate their time per row
+_SETTLE = 8  # timed lane runs before the choice
+_PROBE_EVERY = 256  # launched batches before the lane is timed again, to see whether launching still pays
+
+
+class LaunchChoice:
+    """Per model version, on the loop thread: `fits(batch)` before a dispatch, `ran(batch, launched, elapsed_ns)`
+    after. Only lane runs of `_MIN_ROWS` rows or more are timed, and the fastest of `_SETTLE` of them decides: a
+    run's time includes its waits for the GIL (to start, between its parts, and to hand its outputs over), which
+    come and go with the loop's load; the fastest is the nearest to what the model costs. A launched run's time
+    says even less (its callback waits for the GIL too: mlp at 64 clients 85-140 µs a row launched against
+    28-50 on the lane), so a model launches while its fastest lane run takes less than `row_ns` a row, and after
+    `_PROBE_EVERY` launched batches its batches go to the lane until `_SETTLE` more have been timed. With `always`,
+    every batch that fits is launched (lanes.launch: always), and nothing is timed."""
+
+    __slots__ = ("row_ns", "always", "launching", "_fastest", "_timed", "_launched")
+
+    def __init__(self, always: bool = False, row_ns: int = ROW_NS) -> None:
+        self.row_ns = row_ns
+        self.always = always
+        self.launching = always
+        self._fastest = 0  # ns per row of the fastest lane run timed since the lane was last chosen
+        self._timed = 0  # lane runs timed since then
+        self._launched = 0  # batches launched since the last choice
+
+    def fits(self, batch: Any) -> bool:
+        """A batch of several requests whose inputs are small enough to pack on the loop."""
+        entries = batch.entries
+        if len(entries) < 2:  # one request: inline or on the lane (an error is then the request's own, at once)
+            return False
+        first = entries[0]
+        row_bytes = sum(a.nbytes for a in first.feeds.values()) // max(1, first.batch_size)
+        return row_bytes * batch.size <= MAX_BATCH_BYTES
+
+    def ran(self, batch: Any, launched: bool, elapsed_ns: int) -> None:
+        """Count a batch that fitted and ran the current way; time it if it ran on the lane."""
+        if launched != self.launching or self.always:  # dispatched before the last switch, or nothing to learn
+            return
+        if launched:
+            self._launched += 1
+            if self._launched >= _PROBE_EVERY:
+                self.launching, self._timed = False, 0
+            return
+        if batch.size < _MIN_ROWS:
+            return
+        per_row = elapsed_ns // batch.size
+        self._fastest = per_row if not self._timed else min(self._fastest, per_row)
+        self._timed += 1
+        if self._timed >= _SETTLE and self._fastest < self.row_ns:
+            self.launching, self._launched = True, 0

@@ -1,0 +1,134 @@
+"""Lane.launch with real onnxruntime sessions: a batch packed on the loop and run in onnxruntime's pool gives
+what the lane thread's run gives, replies on the loop, returns its pooled buffers, and a batch that fails is re-run
+one request at a time on the lane's thread (issue #17)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gt_serve.backends.numpy_backend import NumpyBackend
+from gt_serve.backends.onnx_runner import OnnxRunner
+from gt_serve.execution.batch_job import BatchJob
+from gt_serve.execution.bound_job import BoundBatchJob
+from gt_serve.execution.lanes import Lane
+from gt_serve.execution.memory_pool import HostBufferPool
+from gt_serve.testing import model_builders as mb
+
+WAIT_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("launch_models")
+    paths = {"mlp": root / "mlp" / "model.onnx", "gather": root / "gather" / "model.onnx"}
+    mb.mlp(paths["mlp"], sizes=(16, 32, 8))
+    mb.gather(paths["gather"], np.arange(40, dtype=np.float32).reshape(10, 4))
+    return paths
+
+
+def rows(n: int, seed: int) -> dict[str, np.ndarray]:
+    return {"INPUT": np.random.default_rng(seed).standard_normal((n, 16)).astype(np.float32)}
+
+
+def launch(lane: Lane, job: BatchJob) -> tuple:
+    """Launch `job` on `lane` from the running loop; (result, exc, reply thread) once the reply has come."""
+    loop = asyncio.get_running_loop()
+    replied: asyncio.Future = loop.create_future()
+
+    def reply(tag, lane_, result, exc, elapsed_ns):
+        assert tag == "batch" and lane_ is lane and not lane.busy and elapsed_ns > 0
+        replied.set_result((result, exc, threading.get_ident()))
+
+    lane.launch(job, reply, "batch")
+    assert lane.busy
+    return replied
+
+
+def test_a_launched_batch_gives_what_the_lane_thread_gives(models):
+    async def main():
+        lane = Lane("cpu.0", "cpu", asyncio.get_running_loop())  # no thread: a batch that runs needs none
+        runner = OnnxRunner(str(models["mlp"]), intra_op_threads=2)
+        pool = HostBufferPool()
+        feeds = [rows(1, 1), rows(2, 2), rows(1, 3)]
+        job = BatchJob(runner, NumpyBackend(), feeds, [1, 2, 1], ["INPUT"], ["OUTPUT"], pool)
+        assert runner.runs_async and job.launchable
+        (per_request, timings), exc, thread = await asyncio.wait_for(launch(lane, job), WAIT_S)
+        assert exc is None and thread == threading.get_ident()  # the reply is on the loop
+        expected, _ = BatchJob(runner, NumpyBackend(), feeds, [1, 2, 1], ["INPUT"], ["OUTPUT"])()
+        assert [o[0].shape for o in per_request] == [(1, 8), (2, 8), (1, 8)]
+        for got, want in zip(per_request, expected):
+            np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+        assert all(t >= 0 for t in timings) and timings[1] > 0
+        assert (lane.launched, lane.batches_run) == (1, 1)
+        assert pool.statistics()["bytes_in_use"] == 0  # the packed input went back to its pool
+    asyncio.run(main())
+
+
+def test_a_failed_launched_batch_is_rerun_one_request_at_a_time_on_the_lane_thread(models):
+    async def main():
+        lane = Lane("cpu.0", "cpu", asyncio.get_running_loop())
+        lane.start()
+        runner = OnnxRunner(str(models["gather"]), intra_op_threads=2)
+        index = lambda i: {"INDICES": np.array([[i]], np.int64)}  # noqa: E731
+        job = BatchJob(runner, NumpyBackend(), [index(3), index(99), index(5)], [1, 1, 1], ["INDICES"], ["OUTPUT"])
+        try:
+            (per_request, _), exc, _ = await asyncio.wait_for(launch(lane, job), WAIT_S)
+        finally:
+            lane.stop()
+        assert exc is None
+        assert isinstance(per_request[1], Exception) and "99" in str(per_request[1])  # onnxruntime names the index
+        good = [p[0].tolist() for i, p in enumerate(per_request) if i != 1]
+        assert good == [[[[12, 13, 14, 15]]], [[[20, 21, 22, 23]]]]  # rows 3 and 5 of the table
+        assert (lane.launched, lane.batches_run) == (1, 1)
+    asyncio.run(main())
+
+
+def test_one_request_that_fails_launched_gets_its_error(models):
+    async def main():
+        lane = Lane("cpu.0", "cpu", asyncio.get_running_loop())
+        runner = OnnxRunner(str(models["gather"]), intra_op_threads=2)
+        job = BatchJob(runner, NumpyBackend(), [{"INDICES": np.array([[42]], np.int64)}], [1], ["INDICES"], ["OUTPUT"])
+        result, exc, _ = await asyncio.wait_for(launch(lane, job), WAIT_S)
+        assert result is None and "42" in str(exc)
+    asyncio.run(main())
+
+
+def test_a_batch_onnxruntime_refuses_to_launch_runs_on_the_lane_thread(models):
+    async def main():
+        lane = Lane("cpu.0", "cpu", asyncio.get_running_loop())
+        lane.start()
+        runner = OnnxRunner(str(models["mlp"]), intra_op_threads=1)  # RunAsync needs a pool thread besides the caller
+        assert not runner.runs_async
+        feeds = [rows(1, 1), rows(1, 2)]
+        job = BatchJob(runner, NumpyBackend(), feeds, [1, 1], ["INPUT"], ["OUTPUT"])
+        assert not job.launchable  # the executor never launches it; launched anyway, it still gets its answers
+        try:
+            (per_request, _), exc, _ = await asyncio.wait_for(launch(lane, job), WAIT_S)
+        finally:
+            lane.stop()
+        assert exc is None
+        for got, feed in zip(per_request, feeds):
+            np.testing.assert_allclose(got[0], runner.run(feed)[0], rtol=1e-6)
+    asyncio.run(main())
+
+
+def test_a_job_that_cannot_start_fails_its_batch_and_the_loop_lives_on():
+    async def main():
+        lane = Lane("cpu.0", "cpu", asyncio.get_running_loop())
+
+        class Unpackable:
+            def start(self, finish, retry):
+                raise ValueError("cannot pack")
+
+        result, exc, _ = await asyncio.wait_for(launch(lane, Unpackable()), WAIT_S)
+        assert result is None and isinstance(exc, ValueError) and not lane.busy
+    asyncio.run(main())
+
+
+def test_jobs_that_bind_their_buffers_are_not_launchable(models):
+    runner = OnnxRunner(str(models["mlp"]), intra_op_threads=2)
+    assert not BoundBatchJob(runner, NumpyBackend(), [rows(1, 1)], [1], ["INPUT"], ["OUTPUT"]).launchable
