@@ -124,8 +124,8 @@ class OnnxRunner:
         """Start the run on one thread of onnxruntime's intra-op pool and return; `done(outputs, None)` or
         `done(None, error)` is called on that thread (holding the GIL) when it ends. Requires `runs_async`. Raises
         what onnxruntime refuses before it starts. As with `run`, the runner must not be closed while a run is in
-        flight (the executor releases its sessions only when none is): the callback does not hold the session,
-        so that the last reference to it is never dropped on a thread of the session's own pool."""
+        flight (the executor releases its sessions only when none is). The callback does not hold the session, so
+        the last reference to it is never dropped on a thread of the session's own pool."""
         names = output_names or self.output_names
 
         def ran(outputs: list, _user_data: Any, error: str) -> None:

@@ -36,6 +36,8 @@ class Lane:
     busy_ns: int = 0
     _jobs: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     _thread: threading.Thread | None = None
+    _airborne: set = field(default_factory=set)  # launched jobs whose run has not called back yet
+    _landing: threading.Condition = field(default_factory=threading.Condition)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._work, name=f"lane-{self.lane_id}", daemon=True)
@@ -62,17 +64,30 @@ class Lane:
         self.launched += 1
         start_ns = _now_ns()
         call = self.loop.call_soon_threadsafe
+        self._airborne.add(job)
 
         def finish(result: Any, exc: BaseException | None) -> None:  # on onnxruntime's thread
             try:
                 call(self._finished, reply, tag, result, exc, _now_ns() - start_ns)
             except RuntimeError:  # loop closed during shutdown
                 pass
+            finally:
+                self._landed(job)
+
+        def retry(again: Callable[[], Any]) -> None:  # on onnxruntime's thread
+            self._jobs.put((again, reply, tag))
+            self._landed(job)
 
         try:
-            job.start(finish, lambda retry: self._jobs.put((retry, reply, tag)))
+            job.start(finish, retry)
         except Exception as exc:  # noqa: BLE001 - the batch fails, the loop lives on
+            self._landed(job)
             self.loop.call_soon(self._finished, reply, tag, None, exc, _now_ns() - start_ns)
+
+    def _landed(self, job: Any) -> None:
+        with self._landing:
+            self._airborne.discard(job)
+            self._landing.notify_all()
 
     def finish(self, elapsed_ns: int) -> None:
         """Bookkeeping for one finished batch, on the loop thread (the only writer of these fields)."""
@@ -113,6 +128,10 @@ class Lane:
         return result, exc, _now_ns() - start_ns
 
     def stop(self, join_timeout_s: float = 5.0) -> None:
+        """Let launched runs call back (up to `join_timeout_s`), so that none outlives its lane and a failed one's
+        re-run still reaches the thread, then end the thread once it has run what it was given (as long again)."""
+        with self._landing:
+            self._landing.wait_for(lambda: not self._airborne, join_timeout_s)
         self._jobs.put(None)
         if self._thread is not None:
             self._thread.join(join_timeout_s)

@@ -132,3 +132,28 @@ def test_a_job_that_cannot_start_fails_its_batch_and_the_loop_lives_on():
 def test_jobs_that_bind_their_buffers_are_not_launchable(models):
     runner = OnnxRunner(str(models["mlp"]), intra_op_threads=2)
     assert not BoundBatchJob(runner, NumpyBackend(), [rows(1, 1)], [1], ["INPUT"], ["OUTPUT"]).launchable
+
+
+def test_stop_waits_for_launched_runs_to_call_back():
+    async def main():
+        lane = Lane("cpu.0", "cpu", asyncio.get_running_loop())
+        lane.start()
+        gate, called_back = threading.Event(), threading.Event()
+
+        class Slow:  # a run that calls back from another thread once the gate opens
+            def start(self, finish, retry):
+                def run():
+                    assert gate.wait(WAIT_S)
+                    finish("late", None)
+                    called_back.set()
+                threading.Thread(target=run, daemon=True).start()
+
+        lane.launch(Slow(), lambda *args: None, "batch")
+        stopping = threading.Thread(target=lane.stop, kwargs={"join_timeout_s": WAIT_S})
+        stopping.start()
+        stopping.join(0.2)
+        assert stopping.is_alive() and lane._thread.is_alive()  # waiting for the run to call back
+        gate.set()
+        stopping.join(WAIT_S)
+        assert not stopping.is_alive() and called_back.is_set() and not lane._thread.is_alive()
+    asyncio.run(main())
