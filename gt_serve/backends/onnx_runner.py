@@ -89,11 +89,11 @@ class OnnxRunner:
         self.device_id = device_id
         self._binding = threading.local()
         ins, outs = self.session.get_inputs(), self.session.get_outputs()
-        # reshaped tensors take the plain path (run() reshapes them)
         # onnxruntime's RunAsync takes a thread of the session's intra-op pool, so the pool needs one besides the caller
         threads = self.effective["intra_op_threads"] or (os.cpu_count() or 1)
         self.runs_async = (self.provider == "CPUExecutionProvider" and threads >= 2
                            and hasattr(self.session, "run_async"))
+        # reshaped tensors take the plain path (run() reshapes them)
         self.bindable = all(t.type in ORT_TO_NUMPY for t in (*ins, *outs)) and not (self._in_reshape or self._out_reshape)
         # dim 0 that is symbolic in every input is the batch; an output whose dim 0 carries the same
         # symbol (or is unnamed where the inputs' are) is sized from the batch before the run

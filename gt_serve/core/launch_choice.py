@@ -5,16 +5,19 @@ A launched run starts at once: the lane thread need not wake up and wait for the
 parses and answers (at 64 clients a small model's batch waited 1.5-1.8 ms for a run of 1.2-1.4 ms). The price: the
 batch is packed on the loop, and onnxruntime computes a launched run on one thread of its pool, so the run takes
 about twice as long on two cores. That pays for a model whose rows are cheap against a request's Python on the
-loop (mlp: +6 to +14 % inf/s in six of seven A/Bs), and loses for a compute-bound one (convnet: 0.66x) or one whose
-batch is many bytes to pack on the loop (a 3x224x224 image model: 0.89x). So a model starts on its lane, and its
-batches are launched while its lane runs take less than a bound per row and the batch's inputs are small.
+loop (mlp at 64 clients: 1.15x inf/s over HTTP, 1.07x over gRPC; mlp2k 1.11x), and loses for a heavier one (mlp4k:
+0.85x; convnet: 0.66x) or one whose batch is many bytes to pack on the loop (a 3x224x224 image model: 0.89x). So a
+model starts on its lane, and its batches are launched while its lane runs take less than a bound per row and the
+batch's inputs are small (docs/DESIGN-NOTES.md, seventh pass).
 """
 from __future__ import annotations
 
 from typing import Any
 
 MAX_BATCH_BYTES = 512 * 1024  # inputs packed on the loop: ~0.05 ms of copying, as long as a request's Python
-ROW_NS = 100_000  # launch while the fastest lane run takes less than this a row (mlp 28-70 µs, convnet ~690 µs)
+# launch while the fastest lane run is under this a row; at 64 clients: mlp ~46-69 and mlp2k ~65 µs (launching won),
+# mlp4k ~198 µs (it lost), convnet ~690 µs
+ROW_NS = 100_000
 _MIN_ROWS = 8  # lane runs of fewer rows are not timed: a run's fixed cost would dominate their time per row
 _SETTLE = 8  # timed lane runs before the choice
 _PROBE_EVERY = 256  # launched batches before the lane is timed again, to see whether launching still pays
