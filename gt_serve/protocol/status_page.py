@@ -14,7 +14,7 @@ th{background:#f0f0f0} .busy{color:#b45309;font-weight:600} .idle{color:#15803d}
 #err{color:#b91c1c} small{color:#666}
 </style></head><body>
 <h1>gt_serve <span id="node"></span></h1><small id="updated">loading&hellip;</small> <span id="err"></span>
-<h2>Lanes</h2><table id="lanes"><thead><tr><th>lane</th><th>device</th><th>state</th><th>batches</th><th>busy&nbsp;s</th></tr></thead><tbody></tbody></table>
+<h2>Lanes</h2><table id="lanes"><thead><tr><th>lane</th><th>device</th><th>state</th><th>batches</th><th>launched</th><th>busy&nbsp;s</th></tr></thead><tbody></tbody></table>
 <h2>Models</h2><table id="models"><thead><tr><th>model</th><th>version</th><th>state</th><th>queue</th><th>requests&nbsp;ok</th><th>failed</th><th>inferences</th><th>executions</th><th>provider</th></tr></thead><tbody></tbody></table>
 <h2>Energy</h2><table id="energy"><thead><tr><th>model</th><th>device</th><th>J / inference</th><th>joules</th></tr></thead><tbody></tbody></table>
 <h2>Peers</h2><table id="peers"><thead><tr><th>node</th><th>state</th><th>age&nbsp;s</th></tr></thead><tbody></tbody></table>
@@ -26,7 +26,7 @@ async function tick(){try{const r=await fetch(location.origin+location.pathname.
  if(!r.ok)throw new Error(r.status===401?'the metrics port needs the token (HTTP 401)':'HTTP '+r.status);
  const s=await r.json();
  document.getElementById('node').textContent='\\u2014 '+s.node+' ('+s.server+')';
- fill('lanes',s.lanes.map(l=>[l.id,l.device,{t:l.busy?'busy':'idle',cls:l.busy?'busy':'idle'},l.batches,l.busy_s]));
+ fill('lanes',s.lanes.map(l=>[l.id,l.device,{t:l.busy?'busy':'idle',cls:l.busy?'busy':'idle'},l.batches,l.launched,l.busy_s]));
  fill('models',s.models.map(m=>[m.name,m.version,m.state,m.queue,m.success,m.fail,m.inferences,m.executions,(m.providers||[]).join(',')]));
  fill('energy',(s.energy||[]).map(e=>[e.model,e.device,e.joules_per_inference.toFixed(4),e.joules.toFixed(2)]));
  fill('peers',(s.peers||[]).map(p=>[p.node,p.state,p.age_s.toFixed(1)]));

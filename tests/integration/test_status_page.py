@@ -107,6 +107,8 @@ def test_status_page_renders_lanes_and_models(served, tmp_path):
     lanes = {row[0]: row for row in page.tables["lanes"]}
     assert "cpu.0" in lanes, page.tables
     assert lanes["cpu.0"][1] == "cpu" and lanes["cpu.0"][2] in ("idle", "busy")
+    # batches, launched: one-request batches are never launched into onnxruntime's pool (lanes.launch)
+    assert int(lanes["cpu.0"][3]) >= 3 and lanes["cpu.0"][4] == "0"
     models = {(row[0], row[1]): row for row in page.tables["models"]}
     assert ("simple", "1") in models, page.tables
     simple = models[("simple", "1")]
