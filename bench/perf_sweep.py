@@ -44,7 +44,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -87,11 +87,12 @@ def build_repo(root: Path, models: list[str], triton: bool) -> Path:
 
 
 # -- raw onnxruntime ----------------------------------------------------------------------------------
-def raw_point(model_path: Path, dims: list[int], batch: int, threads: int, duration_s: float,
-              gap_s: float = 0.0) -> dict:
+def raw_point(model_path: Path, dims: list[int] | Callable[[int], dict], batch: int, threads: int,
+              duration_s: float, gap_s: float = 0.0) -> dict:
     """session.run in this process, back to back or `gap_s` apart (requests arriving one at a time, as at one
     client: caches and the thread pool go cold in between): latency percentiles, inf/s and CPU-seconds per
-    inference (process CPU time: the calling thread and onnxruntime's pool)."""
+    inference (process CPU time: the calling thread and onnxruntime's pool). `dims`: the sweep models' one FP32
+    INPUT's shape past the batch, or a function of the batch size giving the whole feed (bench/perf_repo.py)."""
     import numpy as np
     import onnxruntime as ort
 
@@ -99,7 +100,8 @@ def raw_point(model_path: Path, dims: list[int], batch: int, threads: int, durat
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     sess = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
-    feed = {"INPUT": np.random.default_rng(0).standard_normal([batch, *dims]).astype(np.float32)}
+    feed = dims(batch) if callable(dims) else {
+        "INPUT": np.random.default_rng(0).standard_normal([batch, *dims]).astype(np.float32)}
     for _ in range(10):
         sess.run(None, feed)
     lat_s: list[float] = []
@@ -120,17 +122,19 @@ def raw_point(model_path: Path, dims: list[int], batch: int, threads: int, durat
             "cpu_ms_per_inference": round(cpu_s / inferences * 1e3, 4)}
 
 
-def raw_baseline(repo: Path, model: str, cores: int, duration_s: float, jsonl: str | None) -> dict:
+def raw_baseline(repo: Path, model: str, cores: int, duration_s: float, jsonl: str | None,
+                 feed: Callable[[int], dict] | None = None, batches: Sequence[int] = (8, 32)) -> dict:
     """Batch 1 back to back with 1 thread and with every core, batch 1 paced 0.5 ms apart (1 thread), and the
     best batched throughput over batch 8 and 32. The ratios use the back-to-back batch-1 CPU (the issue's
-    baseline); the paced point shows what the same run costs when requests come one at a time."""
-    dims, _ = MODELS[model]
-    path = repo / model / "1" / "model.onnx"
+    baseline); the paced point shows what the same run costs when requests come one at a time. `feed` and
+    `batches`: another repository's model (bench/perf_repo.py); by default the sweep's own."""
+    dims = feed or MODELS[model][0]
+    path = model_file(repo, model)
     points = [emit({"model": model, **raw_point(path, dims, b, t, duration_s, gap)}, jsonl)
               for b, t, gap in ((1, 1, 0.0), (1, cores, 0.0), (1, 1, 0.0005))]
     batch1 = [p for p in points if p["batch"] == 1 and not p["gap_ms"]]
     paced = next(p for p in points if p["gap_ms"])
-    best = raw_best(repo, model, cores, duration_s, jsonl)
+    best = raw_best(repo, model, cores, duration_s, jsonl, feed=feed, batches=batches)
     return {"batch1_cpu_ms": min(p["cpu_ms_per_inference"] for p in batch1),
             "batch1_p50_ms": min(p["p50_ms"] for p in batch1),
             "paced_cpu_ms": paced["cpu_ms_per_inference"], "paced_p50_ms": paced["p50_ms"],
@@ -138,14 +142,24 @@ def raw_baseline(repo: Path, model: str, cores: int, duration_s: float, jsonl: s
             "best_at_start": best["inferences_per_s"]}
 
 
-def raw_best(repo: Path, model: str, cores: int, duration_s: float, jsonl: str | None, at: str = "start") -> dict:
-    """raw onnxruntime's best batched point (batch 8 or 32, every core), its JSON lines tagged with `at` (the run's
+def raw_best(repo: Path, model: str, cores: int, duration_s: float, jsonl: str | None, at: str = "start",
+             feed: Callable[[int], dict] | None = None, batches: Sequence[int] = (8, 32)) -> dict:
+    """raw onnxruntime's best batched point (of `batches`, every core), its JSON lines tagged with `at` (the run's
     "start" or "end")."""
-    dims, _ = MODELS[model]
-    path = repo / model / "1" / "model.onnx"
+    dims = feed or MODELS[model][0]
+    path = model_file(repo, model)
     points = [emit({"model": model, "at": at, **raw_point(path, dims, b, cores, duration_s)}, jsonl)
-              for b in (8, 32)]
+              for b in batches]
     return max(points, key=lambda p: p["inferences_per_s"])
+
+
+def model_file(repo: Path, model: str) -> Path:
+    """The ONNX file of `model`'s highest numbered version in a Triton-style repository."""
+    versions = sorted((d for d in (repo / model).iterdir() if d.name.isdigit() and (d / "model.onnx").is_file()),
+                      key=lambda d: int(d.name))
+    if not versions:
+        raise FileNotFoundError(f"no {repo / model}/<version>/model.onnx")
+    return versions[-1] / "model.onnx"
 
 
 def bracket_best(raw: dict, end: dict) -> dict:
@@ -177,12 +191,13 @@ def perf_analyzer_path(given: str | None) -> str:
 
 
 def run_perf_analyzer(pa: str, url: str, protocol: str, model: str, concurrency: int, interval_ms: int,
-                      workdir: Path) -> dict:
+                      workdir: Path, extra: Sequence[str] = ()) -> dict:
     """One point; a point perf_analyzer found no stable window for is measured again once with windows twice as
     long (on a busy 2-core box a 1-client convnet point can swing past its stability check 5 windows running)."""
-    measured = perf_analyzer_point(pa, url, protocol, model, concurrency, interval_ms, workdir)
+    measured = perf_analyzer_point(pa, url, protocol, model, concurrency, interval_ms, workdir, extra=extra)
     if "stable measurement" in measured.get("error", ""):
-        measured = dict(perf_analyzer_point(pa, url, protocol, model, concurrency, 2 * interval_ms, workdir),
+        measured = dict(perf_analyzer_point(pa, url, protocol, model, concurrency, 2 * interval_ms, workdir,
+                                            extra=extra),
                         retried_with_interval_ms=2 * interval_ms)
     return measured
 
@@ -209,13 +224,14 @@ def perf_analyzer_point(pa: str, url: str, protocol: str, model: str, concurrenc
 
 
 def server_point(pa: str, srv: sweep_servers.Served, protocol: str, model: str, concurrency: int,
-                 interval_ms: int, rapl: RaplMeter, workdir: Path) -> dict:
-    """One perf_analyzer point with the server's CPU and energy over it, per inference the server counted."""
+                 interval_ms: int, rapl: RaplMeter, workdir: Path, extra: Sequence[str] = ()) -> dict:
+    """One perf_analyzer point with the server's CPU and energy over it, per inference the server counted; `extra`:
+    more perf_analyzer arguments (`--input-data zero`, `--shape NAME:DIMS`)."""
     window = CpuEnergyWindow(srv.pid, rapl)
     count0 = srv.inference_count(model)
     loop0_s, client0_s = thread_cpu_s(srv.pid, srv.pid), children_cpu_s()
     window.start()
-    measured = run_perf_analyzer(pa, srv.url(protocol), protocol, model, concurrency, interval_ms, workdir)
+    measured = run_perf_analyzer(pa, srv.url(protocol), protocol, model, concurrency, interval_ms, workdir, extra)
     used = window.stop()
     loop_s, client_s = thread_cpu_s(srv.pid, srv.pid) - loop0_s, children_cpu_s() - client0_s
     inferences = max(1, srv.inference_count(model) - count0)
@@ -238,12 +254,13 @@ def sweep(pa: str, srv: sweep_servers.Served, a: argparse.Namespace, rapl: RaplM
     and the less stolen of the two kept (the same for every server: steal says how fast the machine was, not how
     fast the server)."""
     points = []
+    extra = getattr(a, "pa_args", ())  # bench/perf_repo.py's --pa-args
     for model in a.models:
         for protocol in a.protocols:
             for conc in a.concurrency:
-                point = server_point(pa, srv, protocol, model, conc, a.interval_ms, rapl, workdir)
+                point = server_point(pa, srv, protocol, model, conc, a.interval_ms, rapl, workdir, extra)
                 if stolen(point):
-                    again = server_point(pa, srv, protocol, model, conc, a.interval_ms, rapl, workdir)
+                    again = server_point(pa, srv, protocol, model, conc, a.interval_ms, rapl, workdir, extra)
                     point = less_stolen(point, again)
                 points.append(emit(point, a.jsonl))
     return points
@@ -364,19 +381,29 @@ def main() -> None:
 
 
 def one_run(a: argparse.Namespace, pa: str, repo: Path, triton_repo: Path | None, rapl: RaplMeter, cores: int,
-            tmp: Path) -> tuple[list[dict], dict[str, dict]]:
+            tmp: Path, inputs: dict | None = None) -> tuple[list[dict], dict[str, dict]]:
     """raw onnxruntime, then Triton (when its venv is given), then gt-serve, then raw's best batched point again:
-    one run's points and raw baselines."""
-    raw = {m: raw_baseline(repo, m, cores, a.raw_duration, a.jsonl) for m in a.models}
+    one run's points and raw baselines. `inputs`: per model, (a feed for a batch size, the best point's batch
+    sizes), or None where raw onnxruntime cannot be fed (bench/perf_repo.py); by default the sweep's own models."""
+    inputs = inputs or {m: (None, (8, 32)) for m in a.models}
+    raw = {m: raw_baseline(repo, m, cores, a.raw_duration, a.jsonl, *inputs[m]) if inputs[m] else dict(NO_RAW)
+           for m in a.models}
     points: list[dict] = []
     if triton_repo is not None:
         with sweep_servers.triton(Path(a.triton_venv), triton_repo, tmp) as srv:
             points += sweep(pa, srv, a, rapl, tmp)
     args = ["--model-repository", str(repo)] + (["--config", a.gt_config] if a.gt_config else [])
+    args += getattr(a, "gt_args", [])  # bench/perf_repo.py: load only the models measured
     with sweep_servers.gt_serve(launch(args, workdir=tmp)) as srv:
         points += sweep(pa, srv, a, rapl, tmp)
-    raw = {m: bracket_best(r, raw_best(repo, m, cores, a.raw_duration, a.jsonl, at="end")) for m, r in raw.items()}
+    raw = {m: bracket_best(r, raw_best(repo, m, cores, a.raw_duration, a.jsonl, "end", *inputs[m]))
+           if inputs[m] else r for m, r in raw.items()}
     return points, raw
+
+
+NAN = float("nan")
+NO_RAW = {"batch1_cpu_ms": NAN, "batch1_p50_ms": NAN, "paced_cpu_ms": NAN, "paced_p50_ms": NAN,
+          "best_inferences_per_s": NAN, "best_cpu_ms": NAN, "best_at_start": NAN}
 
 
 if __name__ == "__main__":

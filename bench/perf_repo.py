@@ -1,0 +1,200 @@
+"""bench/perf_sweep.py over a model repository of your own: every ONNX model in it (or --models), served by gt-serve
+and, with --triton-venv, by Triton 2.51 running the same ONNX file in its Python backend, against raw onnxruntime,
+in one run (issue #17: "we will run perf_analyzer ourselves ... with models and configs of our own").
+
+    python bench/perf_repo.py --repository DIR [--models a,b] [--pa-args "--input-data zero"]
+                              [--protocols http,grpc] [--concurrency 1,16,64] [--triton-venv /opt/triton-venv] [--runs 3]
+
+The repository is Triton's layout (NAME/VERSION/model.onnx, config.pbtxt or none). Each model's config is the one
+gt-serve completes from the file and the ONNX graph (GET /v2/models/NAME/config, from a first short start); Triton
+gets that config with `backend: "python"` and bench/triton_onnx_model.py beside the same ONNX file (any inputs and
+outputs, batched as gt-serve batches), so both servers batch the same way. Raw onnxruntime runs the highest version's
+file with zeros for integer and boolean inputs (an index of 0 is in range for any Gather) and normal noise for
+floating-point ones, at batch 1 and at batch 8 and max_batch_size (none for a model that does not batch); a
+variable dimension takes its size from a `--shape NAME:DIMS` in --pa-args, else 1. --pa-args go to every
+perf_analyzer call: give models that need different arguments their own runs. perf_analyzer sends random data
+unless told otherwise: an integer input used as an index wants `--input-data zero`. BYTES inputs: no raw baseline.
+
+Prints what perf_sweep prints: JSON lines per point (also appended to --jsonl), a table per run and, with --runs,
+the medians of the same-run ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import numpy as np  # noqa: E402
+import perf_sweep  # noqa: E402
+import sweep_servers  # noqa: E402
+from common import RaplMeter, emit  # noqa: E402
+from sweep_summary import run_figures, summarise, summary_table  # noqa: E402
+
+from gt_serve.testing.launcher import launch  # noqa: E402
+
+
+def repository_models(repo: Path) -> list[str]:
+    """The models of a Triton-style repository that have an ONNX file in a numbered version folder."""
+    return sorted(d.name for d in repo.iterdir()
+                  if d.is_dir() and any(v.name.isdigit() and (v / "model.onnx").is_file() for v in d.iterdir()))
+
+
+def explicit_loads(models: list[str]) -> list[str]:
+    """gt-serve's (and Triton's) arguments that load just `models` of the repository."""
+    return ["--model-control-mode", "explicit", *[arg for m in models for arg in ("--load-model", m)]]
+
+
+def completed_configs(repo: Path, models: list[str], workdir: Path, gt_config: str | None) -> dict[str, dict]:
+    """Each model's config as gt-serve completes it (its /v2/models/NAME/config), from one short start."""
+    args = ["--model-repository", str(repo), *explicit_loads(models)] + (["--config", gt_config] if gt_config else [])
+    server = launch(args, workdir=workdir)
+    try:
+        configs = {}
+        for name in models:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.ports['http']}/v2/models/{name}/config",
+                                        timeout=30) as r:
+                configs[name] = json.load(r)
+        return configs
+    finally:
+        server.stop()
+
+
+def triton_pbtxt(config: dict) -> str:
+    """`config` (a model config as JSON) as config.pbtxt for Triton's Python backend: the same inputs, outputs and
+    batching, `backend: "python"`, CPU instances (a count of 0, gt-serve's "fill in", becomes 1), no warm-up."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    cfg = json_format.ParseDict(config, mc.ModelConfig(), ignore_unknown_fields=True)
+    cfg.platform = ""
+    cfg.backend = "python"
+    cfg.default_model_filename = ""
+    cfg.ClearField("model_warmup")
+    for group in cfg.instance_group:
+        group.kind = mc.ModelInstanceGroup.KIND_CPU
+        group.count = group.count or 1
+        del group.gpus[:]
+    return text_format.MessageToString(cfg)
+
+
+def triton_mirror(repo: Path, out: Path, configs: dict[str, dict]) -> Path:
+    """`out`: each model's config for the Python backend, and its versions' ONNX files with triton_onnx_model.py."""
+    for name, config in configs.items():
+        (out / name).mkdir(parents=True)
+        (out / name / "config.pbtxt").write_text(triton_pbtxt(config))
+        for version in (repo / name).iterdir():
+            if version.name.isdigit() and (version / "model.onnx").is_file():
+                (out / name / version.name).mkdir()
+                (out / name / version.name / "model.onnx").symlink_to((version / "model.onnx").resolve())
+                shutil.copy(HERE / "triton_onnx_model.py", out / name / version.name / "model.py")
+    return out
+
+
+def shapes_given(pa_args: list[str]) -> dict[str, list[int]]:
+    """perf_analyzer's `--shape NAME:D1,D2` arguments, by input name."""
+    shapes = {}
+    for i, arg in enumerate(pa_args):
+        value = pa_args[i + 1] if arg == "--shape" and i + 1 < len(pa_args) else (
+            arg.split("=", 1)[1] if arg.startswith("--shape=") else None)
+        if value and ":" in value:
+            name, _, dims = value.rpartition(":")
+            shapes[name] = [int(d) for d in dims.split(",") if d]
+    return shapes
+
+
+def raw_inputs(config: dict, shapes: dict[str, list[int]]) -> tuple[Callable[[int], dict], tuple[int, ...]] | None:
+    """(a feed for a batch size, the batch sizes of the best batched point) for raw onnxruntime, or None for a model
+    with a BYTES input."""
+    from gt_serve.datatypes import numpy_dtype
+
+    max_batch = int(config.get("max_batch_size", 0))
+    specs = []
+    for t in config["input"]:
+        datatype = t["data_type"].removeprefix("TYPE_")
+        if datatype == "STRING":
+            return None
+        dims = [int(d) for d in t.get("dims", [])]
+        given = shapes.get(t["name"])
+        if given is not None and len(given) == len(dims):
+            dims = [g if d < 0 else d for d, g in zip(dims, given)]
+        specs.append((t["name"], numpy_dtype(datatype), [1 if d < 0 else d for d in dims]))
+
+    def feed(batch: int) -> dict:
+        rng = np.random.default_rng(0)
+        out = {}
+        for name, dtype, dims in specs:
+            shape = [batch, *dims] if max_batch > 0 else dims
+            out[name] = (rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating)
+                         else np.zeros(shape, dtype))
+        return out
+
+    batches = tuple(sorted({min(8, max_batch), max_batch})) if max_batch > 0 else (1,)
+    return feed, batches
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repository", required=True, type=Path, help="a Triton-style repository of ONNX models")
+    p.add_argument("--models", default="", help="default: every model of the repository with an ONNX file")
+    p.add_argument("--pa-args", default="", help="more perf_analyzer arguments, one string (shell quoting)")
+    p.add_argument("--protocols", default="http,grpc")
+    p.add_argument("--concurrency", default="1,16,64")
+    p.add_argument("--interval-ms", type=int, default=2000, help="perf_analyzer measurement window")
+    p.add_argument("--raw-duration", type=float, default=3.0, help="seconds per raw onnxruntime point")
+    p.add_argument("--perf-analyzer", help="perf_analyzer binary or wrapper (default: bench/install-perf-analyzer.sh)")
+    p.add_argument("--triton-venv", help="venv holding nvidia-pytriton 0.7.0 (see perf_sweep.py); omit: no Triton")
+    p.add_argument("--gt-config", help="extra gt-serve YAML config (--config)")
+    p.add_argument("--jsonl", help="also append every JSON line to this file")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 s windows, 1 s raw points")
+    p.add_argument("--runs", type=int, default=1, help="repeat the whole sweep; then the medians of the ratios")
+    a = p.parse_args()
+    a.repository = a.repository.resolve()
+    known = repository_models(a.repository)
+    a.models = [m for m in a.models.split(",") if m] or known
+    unknown = set(a.models) - set(known)
+    if unknown or not a.models:
+        p.error(f"no ONNX model {sorted(unknown)} in {a.repository}; it has {known}")
+    a.pa_args = shlex.split(a.pa_args)
+    a.gt_args = explicit_loads(a.models)
+    a.protocols = [x for x in a.protocols.split(",") if x]
+    a.concurrency = [int(x) for x in a.concurrency.split(",") if x]
+    if a.quick:
+        a.interval_ms, a.raw_duration = 1000, 1.0
+    return a
+
+
+def main() -> None:
+    a = parse_args()
+    pa = perf_sweep.perf_analyzer_path(a.perf_analyzer)
+    tmp = Path(tempfile.mkdtemp(prefix="gt_perf_repo_"))
+    rapl, cores = RaplMeter(), len(os.sched_getaffinity(0))
+    configs = completed_configs(a.repository, a.models, tmp, a.gt_config)
+    triton_repo = triton_mirror(a.repository, tmp / "triton_repo", configs) if a.triton_venv else None
+    shapes = shapes_given(a.pa_args)
+    inputs = {m: raw_inputs(configs[m], shapes) for m in a.models}
+    runs = []
+    for run in range(a.runs):
+        emit({"sweep": "perf_repo", "run": run, "date": time.strftime("%Y-%m-%d %H:%M"), "cores": cores,
+              "repository": str(a.repository), "pa_args": a.pa_args, "perf_analyzer": pa}, a.jsonl)
+        points, raw = perf_sweep.one_run(a, pa, a.repository, triton_repo, rapl, cores, tmp, inputs)
+        print(perf_sweep.table(points, raw), flush=True)
+        runs.append(run_figures(points, raw))
+    if a.runs > 1:
+        print(f"\nmedian of {a.runs} runs [lowest-highest], every ratio taken within its run:", flush=True)
+        print(summary_table(summarise(runs)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
