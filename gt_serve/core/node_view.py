@@ -25,6 +25,16 @@ one, each after its own random delay, and a peer not yet back is in the same sta
 outage: unknown, not dead). Forwarding still routes around a peer that died meanwhile (failover and
 outlier ejection, core/fleet_call.py).
 
+A broker link known to be up can still be broken (a restarted broker's container dropped its sockets
+without a FIN: the node learns it only by the MQTT keepalive, seconds later). The node hears its own
+messages back through its subscription, so the agent says when it publishes one it expects back
+(``echo_sent``) and when one comes back (``echo_heard``). An echo still missing ``echo_allow_s`` after
+it was sent puts the broker path in doubt from then on: the same as a link known down from that time
+(silence stops counting, ``stale_view_s``), so the peers cannot turn suspect for the broker's fault
+first. When echoes come back the view recovers as on ``link_up``; the rejoin grace is given only
+after a doubt long enough for a peer to have been judged (``suspect_after_periods``), a shorter one
+gives each trusted peer one period to be heard again.
+
 A peer is ``verified`` when its messages were authenticated (cluster key; edge/auth.py).
 """
 from __future__ import annotations
@@ -112,6 +122,7 @@ class NodeView:
         forget_after_s: float | None = None,
         stale_view_s: float = 30.0,
         rejoin_grace_s: float = 0.0,
+        echo_allow_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not period_s > 0 or not 0 < suspect_after_periods < dead_after_periods:
@@ -126,6 +137,8 @@ class NodeView:
         self._stale_view_s = stale_view_s
         self._rejoin_grace_s = rejoin_grace_s
         self._link_down_s: float | None = None  # when the broker was last heard from, while it is away
+        self._echo_allow_s = period_s / 2 if echo_allow_s is None else echo_allow_s
+        self._echo_due_s: float | None = None  # an own message is due back by then; later: the broker path is in doubt
         self._peers: dict[str, _Peer] = {}
         self._listeners: list[Listener] = []
         self._changed = asyncio.Event()
@@ -190,27 +203,60 @@ class NodeView:
     def link_down(self, now_s: float, since_s: float | None = None) -> None:
         """The broker is away; it was last heard from at ``since_s`` (default: now)."""
         if self._link_down_s is None:
-            self._link_down_s = min(now_s, since_s) if since_s is not None else now_s
+            down_s = min(now_s, since_s) if since_s is not None else now_s
+            doubt_s = self._down_since(now_s)  # an echo overdue: the path was broken before the link knew
+            self._link_down_s = down_s if doubt_s is None else min(down_s, doubt_s)
+            self._echo_due_s = None
             self._notify()
 
     def link_up(self, now_s: float) -> None:
         """The broker is back: every peer's silence counts again, from where it stopped."""
-        down_s = self._link_down_s
+        down_s = self._down_since(now_s)
         if down_s is None:
+            self._echo_due_s = None
+        else:
+            self._recover(now_s, down_s, self._rejoin_grace_s)
+
+    def echo_sent(self, now_s: float) -> None:
+        """This node published a message it will hear back (its own topics are in its subscription)."""
+        if self._echo_due_s is None and self._link_down_s is None:
+            self._echo_due_s = now_s + self._echo_allow_s
+            self._notify()  # a new transition time for waiters
+
+    def echo_heard(self, now_s: float) -> None:
+        """One of this node's messages came back: the broker path works (a known link-down stays)."""
+        if self._link_down_s is not None:
             return
+        down_s = self._down_since(now_s)
+        if down_s is None:
+            self._echo_due_s = None
+        else:  # the path was in doubt: recover as after a reconnect
+            long_doubt = now_s - down_s >= self._suspect_after_s
+            self._recover(now_s, down_s, self._rejoin_grace_s if long_doubt else self._period_s)
+
+    def _recover(self, now_s: float, down_s: float, grace_s: float) -> None:
         trusted = {p.node for p in self._peers.values() if self._health(p, now_s) in (Health.LIVE, Health.DRAINING)}
         self._link_down_s = None
+        self._echo_due_s = None
         outage_s = max(0.0, now_s - down_s)
-        rejoin_by_s = now_s + self._rejoin_grace_s - self._suspect_after_s  # silent that long: not yet suspect
+        rejoin_by_s = now_s + grace_s - self._suspect_after_s  # silent that long: not yet suspect
         for peer in self._peers.values():
             peer.last_seen_s = min(peer.last_seen_s + outage_s, now_s)
             if peer.node in trusted:
                 peer.last_seen_s = max(peer.last_seen_s, rejoin_by_s)
         self._notify()
 
+    def _down_since(self, now_s: float) -> float | None:
+        """Since when silence says nothing about the peers: the link known down, or an own echo overdue."""
+        if self._link_down_s is not None:
+            return self._link_down_s
+        due_s = self._echo_due_s
+        return due_s if due_s is not None and due_s <= now_s else None
+
     @property
     def link_is_down(self) -> bool:
-        return self._link_down_s is not None
+        """The broker link is known down, or the broker path is in doubt (an own echo overdue)."""
+        return self._down_since(self._clock()) is not None
 
     def sweep(self, now_s: float) -> list[PeerEvent]:
         """Report time-driven transitions (suspect, dead by silence); forget long-gone peers."""
@@ -245,12 +291,16 @@ class NodeView:
     def next_transition_s(self, now_s: float) -> float | None:
         """The earliest time after ``now_s`` at which some peer's health changes by silence."""
         best = math.inf
-        if self._link_down_s is not None:
-            untrusted_s = self._link_down_s + self._stale_view_s
+        down_s = self._down_since(now_s)
+        doubt_s = down_s if down_s is not None else self._echo_due_s  # an echo pending: in doubt from then
+        if down_s is None and doubt_s is not None:
+            best = doubt_s  # silence stops counting then
+        if doubt_s is not None:
+            untrusted_s = doubt_s + self._stale_view_s
             if untrusted_s > now_s:
-                best = untrusted_s
+                best = min(best, untrusted_s)
         for peer in self._peers.values():
-            if peer.state not in ("ready", "draining") or self._link_down_s is not None:
+            if peer.state not in ("ready", "draining") or down_s is not None:
                 continue
             thresholds = (self._suspect_after_s, self._dead_after_s)
             for after_s in thresholds if peer.state == "ready" else thresholds[1:]:
@@ -307,13 +357,15 @@ class NodeView:
             return Health.DRAINING
         if age_s >= self._suspect_after_s:
             return Health.SUSPECT
-        if self._link_down_s is not None and now_s - self._link_down_s >= self._stale_view_s:
+        down_s = self._down_since(now_s)
+        if down_s is not None and now_s - down_s >= self._stale_view_s:
             return Health.SUSPECT  # the view is too old to route by
         return Health.LIVE
 
     def _age_s(self, peer: _Peer, now_s: float) -> float:
         """Silence that counts: it stops growing while the broker is away."""
-        until_s = now_s if self._link_down_s is None else min(now_s, self._link_down_s)
+        down_s = self._down_since(now_s)
+        until_s = now_s if down_s is None else min(now_s, down_s)
         return max(0.0, until_s - peer.last_seen_s)
 
     def _info(self, peer: _Peer, now_s: float) -> PeerInfo:

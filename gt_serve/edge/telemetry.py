@@ -15,7 +15,9 @@ and counted in ``stats.rejected`` by reason. The retained status and caps are th
 every third of the replay window, so a node that joins late finds them within the window.
 The broker link's state is told to the view (``link_down`` / ``link_up``): while the broker is
 away, peers keep the health they had when it was last heard from, for a bounded time, and after it
-is back they have ``rejoin_grace_s`` to reconnect (core/node_view.py). A peer's last will is applied
+is back they have ``rejoin_grace_s`` to reconnect (core/node_view.py). Before the link is known down
+(MQTT's keepalive), the node's own telemetry coming back tells: once the broker has echoed one of its
+messages on a connection, each telemetry sent is an echo expected (``view.echo_sent`` / ``echo_heard``). A peer's last will is applied
 only once a later message shows the broker still runs (edge/wills.py): a broker that shuts down
 publishes every client's will and then closes the connections (the peers did not die; the broker went).
 """
@@ -100,6 +102,7 @@ class TelemetryAgent:
         self._replay = ReplayGuard(replay_window_s)
         self._refresh_s = replay_window_s / 3
         self._last_rx_s: float | None = None
+        self._echoes = False  # this connection has brought back one of our own messages (the ACL lets us read them)
         self._probe = asyncio.Event()  # publish telemetry now: its echo confirms held wills
         self.wills = HeldWills(node, self._apply, self._probe.set)
         self._client: aiomqtt.Client | None = None
@@ -240,6 +243,7 @@ class TelemetryAgent:
     async def _announce_and_publish(self, client: aiomqtt.Client, over: Flag) -> None:
         # ``over`` is checked after each aiomqtt call: on Python 3.11 its internal
         # asyncio.wait_for can swallow a cancellation that races with an acknowledgement.
+        self._echoes = False
         await client.subscribe(self._subscription, qos=1)
         await self._announce(client)
         if over.set:
@@ -282,6 +286,8 @@ class TelemetryAgent:
                 await self._announce(client)
             payload = self._telemetry_payload()
             if payload is not None:
+                if self._echoes:  # before the publish: its echo may be handled while it is awaited
+                    self.view.echo_sent(self._clock())
                 await client.publish(self._topics["telemetry"], payload, qos=0)
                 if over.set:
                     return
@@ -357,6 +363,9 @@ class TelemetryAgent:
             if msg.epoch > self.epoch:
                 self._logs.warning("duplicate", "telemetry %s: another node uses this name "
                                    "(epoch %s > ours %s)", self.node, msg.epoch, self.epoch)
+            elif msg.epoch == self.epoch:  # our own echo: the broker path works
+                self._echoes = True
+                self.view.echo_heard(self._clock())
             return
         self._apply(msg)
 
