@@ -2,13 +2,15 @@
 so that bench/ never imports tests/).
 
 Readiness is detected by connecting (short, growing pauses that end early if the process
-exits), never by a fixed sleep. ``restart()`` brings it back on the same port.
+exits), never by a fixed sleep. ``restart()`` brings it back on the same port; ``pause()`` / ``resume()`` freeze
+and thaw it (SIGSTOP / SIGCONT).
 """
 from __future__ import annotations
 
 import getpass
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -128,7 +130,18 @@ class Mosquitto:
                 continue
             raise RuntimeError(f"mosquitto exited with {code}: {self.log_tail()}")
 
+    def pause(self) -> None:
+        """Freeze the broker (SIGSTOP): its sockets stay open but nothing is read or delivered, as when
+        a broker's container goes away without closing them; clients notice only by their keepalive."""
+        assert self._proc is not None and self.running
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.running:
+            self._proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+
     def stop(self, timeout_s: float = 5.0) -> None:
+        self.resume()  # a paused broker would not act on SIGTERM
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return

@@ -215,6 +215,37 @@ async def test_broker_restart_reconnects_and_rediscovers(broker: Mosquitto, agen
 
 
 @pytest.mark.asyncio
+async def test_a_frozen_broker_keeps_the_peers_live_before_the_keepalive_tells(broker: Mosquitto, agents) -> None:
+    """A broker that stops delivering without closing its sockets (SIGSTOP here; in the compose cluster a
+    restarted broker's container that drops them without a FIN) is noticed by MQTT's keepalive only (30 s
+    here). Meanwhile the node's own telemetry stops coming back, so the peers' silence says nothing about
+    them: they keep their last health (live) instead of turning suspect after 3 periods and dead after 5."""
+    frozen_aware = BrokerSettings(host=broker.host, port=broker.port, keepalive_s=30)
+    a, b = agents(frozen_aware, "a"), agents(frozen_aware, "b")
+    await started(a, b)
+    await a.view.wait_for(sees_live(a, "b"), WAIT_S)
+    seen_seq = a.view.peer("b", 0.0).telemetry.seq if a.view.peer("b", 0.0).telemetry else 0
+    await a.view.wait_for(  # two more of b's: by then a has had its own messages back too
+        lambda now_s: (p := a.view.peer("b", now_s)).telemetry is not None and p.telemetry.seq > seen_seq + 1,
+        WAIT_S)
+    changes: list = []
+    a.view.add_listener(lambda event: changes.append(event) if event.node == "b" else None)
+    broker.pause()
+    try:
+        with pytest.raises(TimeoutError):  # 8 periods: b would be dead by silence after 5
+            await a.view.wait_for(lambda now_s: a.view.health("b", now_s) is not Health.LIVE, 8 * PERIOD_S)
+        assert a.view.link_is_down  # its own echo is overdue: the broker path is in doubt
+        assert a.connected and b.connected  # the keepalive has not told: only the missing echo did
+    finally:
+        broker.resume()
+    await a.view.wait_for(lambda now_s: not a.view.link_is_down, WAIT_S)  # echoes are back
+    seen_seq = a.view.peer("b", 0.0).telemetry.seq
+    await a.view.wait_for(lambda now_s: a.view.peer("b", now_s).telemetry.seq > seen_seq
+                          and a.view.health("b", now_s) is Health.LIVE, WAIT_S)
+    assert changes == []  # b never left 'live' in a's view
+
+
+@pytest.mark.asyncio
 async def test_agent_starts_before_the_broker_and_keeps_retrying(tmp_path: Path, agents) -> None:
     port = free_port()
     a = agents(BrokerSettings(port=port, keepalive_s=1), "a")

@@ -274,6 +274,71 @@ def test_peer_silent_before_the_broker_went_stays_suspect() -> None:
     assert v.health("b", 6.0) is Health.SUSPECT
 
 
+# ------------------------------------------------------------------------------- own echo
+
+def test_an_overdue_echo_keeps_the_last_view_before_the_link_is_known_down() -> None:
+    clock = FakeClock()
+    v = view(stale_view_s=10.0, rejoin_grace_s=5.0, clock=clock)  # echo_allow_s: half a period
+    v.update(st("b"), 0.0)
+    v.update(tel("b", 1), 1.0)
+    v.echo_sent(1.2)
+    assert v.next_transition_s(1.2) == pytest.approx(1.7)  # the path is in doubt from then
+    clock.now_s = 1.6
+    assert not v.link_is_down
+    assert v.health("b", 3.9) is Health.LIVE  # b's silence counts until 1.7 only
+    clock.now_s = 5.0
+    assert v.link_is_down  # no echo, yet no link-down told: in doubt since 1.7
+    assert v.sweep(5.0) == []  # no event: b never turned suspect on the way
+    assert v.health("b", 11.6) is Health.LIVE
+    assert v.health("b", 11.7) is Health.SUSPECT  # stale_view_s after the doubt began
+    v.echo_heard(8.0)  # back after 6.3 s (>= 3 periods): recovered as after a reconnect, with the grace
+    assert not v.link_is_down
+    assert v.health("b", 12.9) is Health.LIVE
+    assert v.health("b", 13.0) is Health.SUSPECT
+
+
+def test_a_short_doubt_gives_one_period_not_the_grace() -> None:
+    v = view(rejoin_grace_s=5.0)
+    v.update(st("b"), 0.0)
+    v.echo_sent(2.0)
+    assert v.health("b", 3.0) is Health.LIVE  # counted until 2.5 only
+    v.echo_heard(3.0)  # 0.5 s of doubt: b's silence resumes at 2.5 s, with one period to be heard in
+    assert v.health("b", 3.9) is Health.LIVE
+    assert v.health("b", 4.0) is Health.SUSPECT
+
+
+def test_an_echo_in_time_changes_nothing() -> None:
+    v = view()
+    v.update(st("b"), 0.0)
+    v.echo_sent(1.0)
+    v.echo_heard(1.01)
+    assert v.health("b", 3.0) is Health.SUSPECT
+    assert v.next_transition_s(1.01) == pytest.approx(3.0)
+
+
+def test_a_link_down_after_an_overdue_echo_keeps_the_earlier_start() -> None:
+    v = view(stale_view_s=10.0)
+    v.update(st("b"), 0.0)
+    v.echo_sent(1.0)
+    v.link_down(4.0, since_s=3.0)  # the keepalive noticed later; the path was in doubt since 1.5
+    assert v.health("b", 11.4) is Health.LIVE
+    assert v.health("b", 11.5) is Health.SUSPECT
+    v.echo_heard(12.0)  # an echo cannot end a known link-down: only link_up does
+    assert v.health("b", 12.0) is Health.SUSPECT
+    v.link_up(12.0)
+    assert v.health("b", 12.0) is Health.LIVE  # 1.5 s of silence counted, as before the doubt
+
+
+def test_no_echo_is_expected_while_the_link_is_known_down() -> None:
+    v = view(stale_view_s=10.0)
+    v.update(st("b"), 0.0)
+    v.link_down(1.0)
+    v.echo_sent(1.5)
+    v.link_up(2.0)
+    assert v.health("b", 3.9) is Health.LIVE  # 1 s counted before the outage, 1.9 after
+    assert v.health("b", 4.0) is Health.SUSPECT
+
+
 def test_verified_flag_follows_the_messages() -> None:
     v = view()
     v.update(st("b"), 0.0, verified=True)
