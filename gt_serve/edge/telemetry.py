@@ -17,9 +17,9 @@ The broker link's state is told to the view (``link_down`` / ``link_up``): while
 away, peers keep the health they had when it was last heard from, for a bounded time, and after it
 is back they have ``rejoin_grace_s`` to reconnect (core/node_view.py). Before the link is known down
 (MQTT's keepalive), the node's own telemetry coming back tells: once the broker has echoed one of its
-messages on a connection, each telemetry sent is an echo expected (``view.echo_sent`` / ``echo_heard``). A peer's last will is applied
-only once a later message shows the broker still runs (edge/wills.py): a broker that shuts down
-publishes every client's will and then closes the connections (the peers did not die; the broker went).
+messages on a connection, each telemetry sent is an echo expected (``view.echo_sent`` / ``echo_heard``).
+A peer's last will is applied only once a later message shows the broker still runs (edge/wills.py): a broker
+that shuts down publishes every client's will and then closes the connections (the peers did not die; it went).
 """
 from __future__ import annotations
 
