@@ -17,7 +17,7 @@ The broker link's state is told to the view (``link_down`` / ``link_up``): while
 away, peers keep the health they had when it was last heard from, for a bounded time, and after it
 is back they have ``rejoin_grace_s`` to reconnect (core/node_view.py). Before the link is known down
 (MQTT's keepalive), the node's own telemetry coming back tells: once the broker has echoed one of its
-messages on a connection, each telemetry sent is an echo expected (``view.echo_sent`` / ``echo_heard``).
+telemetry messages on a connection, each one sent is an echo expected (``view.echo_sent`` / ``echo_heard``).
 A peer's last will is applied only once a later message shows the broker still runs (edge/wills.py): a broker
 that shuts down publishes every client's will and then closes the connections (the peers did not die; it went).
 """
@@ -102,7 +102,7 @@ class TelemetryAgent:
         self._replay = ReplayGuard(replay_window_s)
         self._refresh_s = replay_window_s / 3
         self._last_rx_s: float | None = None
-        self._echoes = False  # this connection has brought back one of our own messages (the ACL lets us read them)
+        self._echoes = False  # this connection has brought back our own telemetry: each one is then expected
         self._probe = asyncio.Event()  # publish telemetry now: its echo confirms held wills
         self.wills = HeldWills(node, self._apply, self._probe.set)
         self._client: aiomqtt.Client | None = None
@@ -364,7 +364,7 @@ class TelemetryAgent:
                 self._logs.warning("duplicate", "telemetry %s: another node uses this name "
                                    "(epoch %s > ours %s)", self.node, msg.epoch, self.epoch)
             elif msg.epoch == self.epoch:  # our own echo: the broker path works
-                self._echoes = True
+                self._echoes = self._echoes or msg.kind == "telemetry"  # the ACL lets us read our telemetry
                 self.view.echo_heard(self._clock())
             return
         self._apply(msg)
