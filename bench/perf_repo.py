@@ -38,7 +38,6 @@ sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
 import perf_sweep  # noqa: E402
-import sweep_servers  # noqa: E402
 from common import RaplMeter, emit  # noqa: E402
 from sweep_summary import run_figures, summarise, summary_table  # noqa: E402
 
