@@ -44,12 +44,17 @@ class LaunchChoice:
         self._launched = 0  # batches launched since the last choice
 
     def fits(self, batch: Any) -> bool:
-        """A batch of several requests whose inputs are small enough to pack on the loop."""
+        """A batch of several requests whose inputs are small enough to pack on the loop. Never one with BYTES
+        inputs: an object array's `nbytes` counts its pointers, not its strings, which onnxruntime copies where the
+        run starts (the loop, for a launched one)."""
         entries = batch.entries
         if len(entries) < 2:  # one request: inline or on the lane (an error is then the request's own, at once)
             return False
         first = entries[0]
-        row_bytes = sum(a.nbytes for a in first.feeds.values()) // max(1, first.batch_size)
+        feeds = first.feeds.values()
+        if any(a.dtype.kind == "O" for a in feeds):
+            return False
+        row_bytes = sum(a.nbytes for a in feeds) // max(1, first.batch_size)
         return row_bytes * batch.size <= MAX_BATCH_BYTES
 
     def ran(self, batch: Any, launched: bool, elapsed_ns: int) -> None:

@@ -29,6 +29,12 @@ def test_a_batch_fits_with_several_requests_and_few_bytes():
     assert not choice.fits(batch(2, rows // 2 + 1))  # rows counted, not requests
 
 
+def test_a_batch_with_bytes_inputs_never_fits():
+    texts = np.array([[b"x" * 100_000]], dtype=object)  # nbytes: 8 (a pointer), its string 100 kB
+    entries = [SimpleNamespace(feeds={"t": texts, "x": np.zeros((1, 4), np.float32)}, batch_size=1) for _ in range(4)]
+    assert not LaunchChoice(always=True).fits(SimpleNamespace(entries=entries, size=4))
+
+
 def test_a_model_launches_once_its_fastest_lane_run_is_short_enough():
     choice = LaunchChoice()
     assert not choice.launching  # a model starts on its lane
