@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import shutil
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -38,8 +36,6 @@ sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
 import perf_sweep  # noqa: E402
-from common import RaplMeter, emit  # noqa: E402
-from sweep_summary import run_figures, summarise, summary_table  # noqa: E402
 
 from gt_serve.testing.launcher import launch  # noqa: E402
 
@@ -148,16 +144,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repository", required=True, type=Path, help="a Triton-style repository of ONNX models")
     p.add_argument("--models", default="", help="default: every model of the repository with an ONNX file")
     p.add_argument("--pa-args", default="", help="more perf_analyzer arguments, one string (shell quoting)")
-    p.add_argument("--protocols", default="http,grpc")
-    p.add_argument("--concurrency", default="1,16,64")
-    p.add_argument("--interval-ms", type=int, default=2000, help="perf_analyzer measurement window")
-    p.add_argument("--raw-duration", type=float, default=3.0, help="seconds per raw onnxruntime point")
-    p.add_argument("--perf-analyzer", help="perf_analyzer binary or wrapper (default: bench/install-perf-analyzer.sh)")
-    p.add_argument("--triton-venv", help="venv holding nvidia-pytriton 0.7.0 (see perf_sweep.py); omit: no Triton")
-    p.add_argument("--gt-config", help="extra gt-serve YAML config (--config)")
-    p.add_argument("--jsonl", help="also append every JSON line to this file")
-    p.add_argument("--quick", action="store_true", help="smoke run: 1 s windows, 1 s raw points")
-    p.add_argument("--runs", type=int, default=1, help="repeat the whole sweep; then the medians of the ratios")
+    perf_sweep.sweep_arguments(p)
     a = p.parse_args()
     a.repository = a.repository.resolve()
     known = repository_models(a.repository)
@@ -167,32 +154,19 @@ def parse_args() -> argparse.Namespace:
         p.error(f"no ONNX model {sorted(unknown)} in {a.repository}; it has {known}")
     a.pa_args = shlex.split(a.pa_args)
     a.gt_args = explicit_loads(a.models)
-    a.protocols = [x for x in a.protocols.split(",") if x]
-    a.concurrency = [int(x) for x in a.concurrency.split(",") if x]
-    if a.quick:
-        a.interval_ms, a.raw_duration = 1000, 1.0
-    return a
+    return perf_sweep.sweep_settings(a)
 
 
 def main() -> None:
     a = parse_args()
     pa = perf_sweep.perf_analyzer_path(a.perf_analyzer)
     tmp = Path(tempfile.mkdtemp(prefix="gt_perf_repo_"))
-    rapl, cores = RaplMeter(), len(os.sched_getaffinity(0))
     configs = completed_configs(a.repository, a.models, tmp, a.gt_config)
     triton_repo = triton_mirror(a.repository, tmp / "triton_repo", configs) if a.triton_venv else None
     shapes = shapes_given(a.pa_args)
     inputs = {m: raw_inputs(configs[m], shapes) for m in a.models}
-    runs = []
-    for run in range(a.runs):
-        emit({"sweep": "perf_repo", "run": run, "date": time.strftime("%Y-%m-%d %H:%M"), "cores": cores,
-              "repository": str(a.repository), "pa_args": a.pa_args, "perf_analyzer": pa}, a.jsonl)
-        points, raw = perf_sweep.one_run(a, pa, a.repository, triton_repo, rapl, cores, tmp, inputs)
-        print(perf_sweep.table(points, raw), flush=True)
-        runs.append(run_figures(points, raw))
-    if a.runs > 1:
-        print(f"\nmedian of {a.runs} runs [lowest-highest], every ratio taken within its run:", flush=True)
-        print(summary_table(summarise(runs)), flush=True)
+    perf_sweep.run_sweeps(a, pa, a.repository, triton_repo, tmp,
+                          {"sweep": "perf_repo", "repository": str(a.repository), "pa_args": a.pa_args}, inputs)
 
 
 if __name__ == "__main__":

@@ -333,26 +333,25 @@ def _steal(point: dict) -> str:
     return f"{steal * 100:.0f}{'!' if stolen(point) else ''}"
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="mlp,convnet", help=f"of {', '.join(MODELS)}")
+def sweep_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments every sweep takes (this one and bench/perf_repo.py)."""
     p.add_argument("--protocols", default="http,grpc")
     p.add_argument("--concurrency", default="1,16,64")
     p.add_argument("--interval-ms", type=int, default=2000, help="perf_analyzer measurement window")
     p.add_argument("--raw-duration", type=float, default=3.0, help="seconds per raw onnxruntime point")
     p.add_argument("--perf-analyzer", help="perf_analyzer binary or wrapper (default: bench/install-perf-analyzer.sh)")
-    p.add_argument("--triton-venv", help="venv holding nvidia-pytriton 0.7.0 (see the docstring); omit: no Triton")
+    p.add_argument("--triton-venv", help="venv holding nvidia-pytriton 0.7.0 (see perf_sweep.py's docstring); "
+                                         "omit: no Triton")
     p.add_argument("--gt-config", help="extra gt-serve YAML config (--config)")
     p.add_argument("--jsonl", help="also append every JSON line to this file")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 s windows, 1 s raw points")
     p.add_argument("--runs", type=int, default=1,
                    help="repeat the whole sweep (raw, Triton, gt-serve) this often; then the medians of the same-run "
                         "ratios over the runs, with their range")
-    a = p.parse_args()
-    a.models = [m for m in a.models.split(",") if m]
-    unknown = set(a.models) - set(MODELS)
-    if unknown:
-        p.error(f"unknown model(s) {sorted(unknown)}; known: {sorted(MODELS)}")
+
+
+def sweep_settings(a: argparse.Namespace) -> argparse.Namespace:
+    """`a` with its lists parsed and --quick applied."""
     a.protocols = [x for x in a.protocols.split(",") if x]
     a.concurrency = [int(x) for x in a.concurrency.split(",") if x]
     if a.quick:
@@ -360,19 +359,36 @@ def parse_args() -> argparse.Namespace:
     return a
 
 
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="mlp,convnet", help=f"of {', '.join(MODELS)}")
+    sweep_arguments(p)
+    a = p.parse_args()
+    a.models = [m for m in a.models.split(",") if m]
+    unknown = set(a.models) - set(MODELS)
+    if unknown:
+        p.error(f"unknown model(s) {sorted(unknown)}; known: {sorted(MODELS)}")
+    return sweep_settings(a)
+
+
 def main() -> None:
     a = parse_args()
     pa = perf_analyzer_path(a.perf_analyzer)
     tmp = Path(tempfile.mkdtemp(prefix="gt_perf_sweep_"))
-    rapl = RaplMeter()
-    cores = len(os.sched_getaffinity(0))
     repo = build_repo(tmp / "gt_repo", a.models, triton=False)
     triton_repo = build_repo(tmp / "triton_repo", a.models, triton=True) if a.triton_venv else None
+    run_sweeps(a, pa, repo, triton_repo, tmp, {"sweep": "perf_analyzer", "cpu": sweep_servers.cpu_model()})
+
+
+def run_sweeps(a: argparse.Namespace, pa: str, repo: Path, triton_repo: Path | None, tmp: Path, header: dict,
+               inputs: dict | None = None) -> None:
+    """`a.runs` runs (one_run), each with its header line and table, then the medians of their ratios."""
+    rapl, cores = RaplMeter(), len(os.sched_getaffinity(0))
     runs = []
     for run in range(a.runs):
-        emit({"sweep": "perf_analyzer", "run": run, "date": time.strftime("%Y-%m-%d %H:%M"), "cores": cores,
-              "cpu": sweep_servers.cpu_model(), "rapl": rapl.available, "perf_analyzer": pa}, a.jsonl)
-        points, raw = one_run(a, pa, repo, triton_repo, rapl, cores, tmp)
+        emit({**header, "run": run, "date": time.strftime("%Y-%m-%d %H:%M"), "cores": cores,
+              "rapl": rapl.available, "perf_analyzer": pa}, a.jsonl)
+        points, raw = one_run(a, pa, repo, triton_repo, rapl, cores, tmp, inputs)
         print(table(points, raw), flush=True)
         runs.append(run_figures(points, raw))
     if a.runs > 1:
