@@ -118,8 +118,10 @@ def point(pa: str, pid: int, port: int, concurrency: int, interval_ms: int, work
     window = CpuEnergyWindow(pid)
     before = count()
     window.start()
+    # `-x 1`: without it perf_analyzer found no version in the floor's recorded statistics ("failed to find the
+    # requested model version"); both servers get it
     measured = perf_analyzer_point(pa, f"127.0.0.1:{port}", "http", MODEL, concurrency, interval_ms, workdir,
-                                   extra=["-x", "1"])  # the floor answers for version 1 by name
+                                   extra=["-x", "1"])
     used = window.stop()
     served = max(1, count() - before)
     return {"concurrency": concurrency, **measured, "requests": served,
