@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -156,8 +158,15 @@ def main() -> None:
 
 
 def run_floor(pa: str, answers: dict[str, bytes], a: argparse.Namespace, tmp: Path) -> list[dict]:
-    """The floor server's points (it counts the infer requests it answered: GET /floor/count)."""
-    port_file = tmp / "floor.port"
+    """The floor server's points."""
+    with floor_server(answers, tmp) as (pid, port, count):
+        return [point(pa, pid, port, c, a.interval_ms, tmp, count) for c in _levels(a)]
+
+
+@contextlib.contextmanager
+def floor_server(answers: dict[str, bytes], tmp: Path) -> Iterator[tuple[int, int, Callable[[], int]]]:
+    """The floor server in a child process: (its pid, its port, the count of infer requests it answered)."""
+    port_file = tmp / f"floor-{time.monotonic_ns()}.port"
     payload = json.dumps({k: v.decode("latin-1") for k, v in answers.items()})
     code = (f"import sys, json; sys.path.insert(0, {str(HERE)!r}); import transport_floor as t; "
             f"t.serve({str(port_file)!r}, {{k: v.encode('latin-1') for k, v in json.loads(sys.stdin.read()).items()}})")
@@ -176,7 +185,7 @@ def run_floor(pa: str, answers: dict[str, bytes], a: argparse.Namespace, tmp: Pa
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/floor/count", timeout=10) as r:
                 return int(r.read())
 
-        return [point(pa, proc.pid, port, c, a.interval_ms, tmp, count) for c in _levels(a)]
+        yield proc.pid, port, count
     finally:
         proc.kill()
         proc.wait(timeout=10)
