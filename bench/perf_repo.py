@@ -47,7 +47,7 @@ def repository_models(repo: Path) -> list[str]:
 
 
 def explicit_loads(models: list[str]) -> list[str]:
-    """gt-serve's (and Triton's) arguments that load just `models` of the repository."""
+    """gt-serve's arguments that load just `models` of the repository (Triton gets a mirror of those alone)."""
     return ["--model-control-mode", "explicit", *[arg for m in models for arg in ("--load-model", m)]]
 
 
