@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -31,9 +30,9 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import perf_sweep
+from sweep_servers import LOOPBACK
 from common import thread_cpu_s, tree_cpu_s
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
 
 
 def _free_port() -> int:
@@ -43,7 +42,7 @@ def _free_port() -> int:
 
 
 def _get(url: str) -> dict:
-    with _OPENER.open(url, timeout=10) as r:
+    with LOOPBACK.open(url, timeout=10) as r:
         return json.load(r)
 
 
@@ -56,7 +55,7 @@ def start(root: Path, repo: Path, config: str | None) -> tuple[subprocess.Popen,
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            with _OPENER.open(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2) as r:
+            with LOOPBACK.open(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2) as r:
                 if r.status == 200:
                     return proc, http, grpc
         except OSError:

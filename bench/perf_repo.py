@@ -3,7 +3,8 @@ and, with --triton-venv, by Triton 2.51 running the same ONNX file in its Python
 in one run (issue #17: "we will run perf_analyzer ourselves ... with models and configs of our own").
 
     python bench/perf_repo.py --repository DIR [--models a,b] [--pa-args "--input-data zero"]
-                              [--protocols http,grpc] [--concurrency 1,16,64] [--triton-venv /opt/triton-venv] [--runs 3]
+                              [--protocols http,grpc] [--concurrency 1,16,64] [--triton-venv /opt/triton-venv]
+                              [--runs 3]
 
 The repository is Triton's layout (NAME/VERSION/model.onnx, config.pbtxt or none). Each model's config is the one
 gt-serve completes from the file and the ONNX graph (GET /v2/models/NAME/config, from a first short start); Triton
@@ -26,7 +27,6 @@ import shlex
 import shutil
 import sys
 import tempfile
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +36,7 @@ sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
 import perf_sweep  # noqa: E402
+import sweep_servers  # noqa: E402
 
 from gt_serve.testing.launcher import launch  # noqa: E402
 
@@ -58,8 +59,8 @@ def completed_configs(repo: Path, models: list[str], workdir: Path, gt_config: s
     try:
         configs = {}
         for name in models:
-            with urllib.request.urlopen(f"http://127.0.0.1:{server.ports['http']}/v2/models/{name}/config",
-                                        timeout=30) as r:
+            with sweep_servers.LOOPBACK.open(f"http://127.0.0.1:{server.ports['http']}/v2/models/{name}/config",
+                                             timeout=30) as r:
                 configs[name] = json.load(r)
         return configs
     finally:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Served:
 
     def inference_count(self, model: str) -> int:
         """The server's own count (V2 statistics extension), summed over versions."""
-        with _OPENER.open(f"http://127.0.0.1:{self.http_port}/v2/models/{model}/stats", timeout=10) as r:
+        with LOOPBACK.open(f"http://127.0.0.1:{self.http_port}/v2/models/{model}/stats", timeout=10) as r:
             stats = json.load(r)
         return sum(int(s.get("inference_count", 0)) for s in stats.get("model_stats", []))
 
@@ -66,7 +66,7 @@ def _wait_ready(url: str, alive: Callable[[], bool], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and alive():
         try:
-            with _OPENER.open(url, timeout=2) as r:
+            with LOOPBACK.open(url, timeout=2) as r:
                 if r.status == 200:
                     return
         except OSError:

@@ -6,7 +6,8 @@ A first short gt-serve start records the real answers to what perf_analyzer asks
 statistics, one binary infer answer); then a bare asyncio protocol serves them: httptools parses each request
 (on_url, on_body and on_message_complete only: llhttp frames the body by itself), and every infer is answered with
 the recorded bytes. Then gt-serve itself, on the same points, in the same run. Prints per point the inf/s, p50 and
-the server's CPU per request (its process tree, from /proc), and gt-serve's ratio to the floor.
+the server's CPU per inference it counted (its process tree, from /proc; perf_sweep.server_point), and
+gt-serve's ratio to the floor.
 
     python bench/transport_floor.py [--concurrency 1,16,64] [--interval-ms 2000]
 
@@ -24,14 +25,16 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from common import CpuEnergyWindow, emit  # noqa: E402
+import perf_sweep  # noqa: E402
+import sweep_servers  # noqa: E402
+from common import RaplMeter, emit  # noqa: E402
 
 MODEL = "mlp"
 GETS = ("/v2", "/v2/health/live", "/v2/health/ready", f"/v2/models/{MODEL}", f"/v2/models/{MODEL}/ready",
@@ -40,23 +43,20 @@ GETS = ("/v2", "/v2/health/live", "/v2/health/ready", f"/v2/models/{MODEL}", f"/
 
 def record(http_port: int) -> dict[str, bytes]:
     """What gt-serve answers to perf_analyzer's requests, whole HTTP answers (status line, headers, body)."""
-    import numpy as np
+    from loop_cost import http_request
 
     answers = {}
     for path in GETS:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}{path}", timeout=10) as r:
+        with sweep_servers.LOOPBACK.open(f"http://127.0.0.1:{http_port}{path}", timeout=10) as r:
             answers[path] = _answer(r.read(), {"Content-Type": "application/json"})
-    data = np.zeros((1, 256), np.float32).tobytes()
-    head = (b'{"inputs":[{"name":"INPUT","shape":[1,256],"datatype":"FP32","parameters":{"binary_data_size":%d}}],'
-            b'"outputs":[{"name":"OUTPUT","parameters":{"binary_data":true}}]}' % len(data))
-    req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v2/models/{MODEL}/infer", data=head + data,
-                                 headers={"Inference-Header-Content-Length": str(len(head)),
-                                          "Content-Type": "application/octet-stream"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    template = http_request(MODEL, [256])  # perf_analyzer's binary request (bench/loop_cost.py)
+    req = urllib.request.Request(f"http://127.0.0.1:{http_port}{template.path}", data=template.body,
+                                 headers=template.headers)
+    with sweep_servers.LOOPBACK.open(req, timeout=10) as r:
         answers["infer"] = _answer(r.read(), {"Content-Type": "application/octet-stream",
                                               "Inference-Header-Content-Length":
                                               r.headers["Inference-Header-Content-Length"]})
-    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/{MODEL}/stats", timeout=10) as r:
+    with sweep_servers.LOOPBACK.open(f"http://127.0.0.1:{http_port}/v2/models/{MODEL}/stats", timeout=10) as r:
         answers["stats"] = r.read()  # after one inference (perf_analyzer wants a model that has run); the body alone
     return answers
 
@@ -73,7 +73,7 @@ def serve(port_file: str, answers: dict[str, bytes]) -> None:
 
     infer, missing = answers["infer"], _answer(b'{"error":"not found"}', {"Content-Type": "application/json"},
                                         "404 Not Found")
-    served = [0]  # infer requests answered (GET /floor/count)
+    served = [0]  # infer requests answered, in the statistics it answers
     recorded = json.loads(answers["stats"])
 
     def stats(n: int) -> bytes:
@@ -97,8 +97,6 @@ def serve(port_file: str, answers: dict[str, bytes]) -> None:
             if url.endswith("/infer"):
                 served[0] += 1
                 self.transport.write(infer)
-            elif url == "/floor/count":
-                self.transport.write(_answer(str(served[0]).encode(), {"Content-Type": "text/plain"}))
             elif url.endswith("/stats"):  # perf_analyzer reads the counts before and after each window
                 self.transport.write(stats(served[0]))
             else:
@@ -114,58 +112,43 @@ def serve(port_file: str, answers: dict[str, bytes]) -> None:
     uvloop.run(main())
 
 
-def point(pa: str, pid: int, port: int, concurrency: int, interval_ms: int, workdir: Path, count) -> dict:
-    from perf_sweep import perf_analyzer_point
-
-    window = CpuEnergyWindow(pid)
-    before = count()
-    window.start()
-    # `-x 1`: without it perf_analyzer found no version in the floor's recorded statistics ("failed to find the
-    # requested model version"); both servers get it
-    measured = perf_analyzer_point(pa, f"127.0.0.1:{port}", "http", MODEL, concurrency, interval_ms, workdir,
-                                   extra=["-x", "1"])
-    used = window.stop()
-    served = max(1, count() - before)
-    return {"concurrency": concurrency, **measured, "requests": served,
-            "server_cpu_ms_per_request": round(used["cpu_s"] / served * 1e3, 4), "machine_idle": used["machine_idle"]}
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--concurrency", default="1,16,64")
     p.add_argument("--interval-ms", type=int, default=2000)
     p.add_argument("--perf-analyzer")
     a = p.parse_args()
-    from perf_sweep import build_repo, perf_analyzer_path
-
     from gt_serve.testing.launcher import launch
 
-    pa = perf_analyzer_path(a.perf_analyzer)
+    pa = perf_sweep.perf_analyzer_path(a.perf_analyzer)
     tmp = Path(tempfile.mkdtemp(prefix="gt_floor_"))
-    repo = build_repo(tmp / "repo", [MODEL], triton=False)
+    repo = perf_sweep.build_repo(tmp / "repo", [MODEL], triton=False)
     server = launch(["--model-repository", str(repo)], workdir=tmp)
     try:
         answers = record(server.ports["http"])
-        floor_points = run_floor(pa, answers, a, tmp)
-        gt_points = [point(pa, server.pid, server.ports["http"], c, a.interval_ms, tmp,
-                           lambda: _inference_count(server.ports["http"])) for c in _levels(a)]
+        with floor_server(answers, tmp) as (pid, port):
+            floor_points = points(pa, sweep_servers.Served("floor", pid, port, 0), a, tmp)
+        with sweep_servers.gt_serve(server) as served:
+            gt_points = points(pa, served, a, tmp)
     finally:
         server.stop()
     for floor, gt in zip(floor_points, gt_points):
-        emit({"server": "floor", **floor})
-        emit({"server": "gt_serve", **gt,
-              "cpu_per_floor": round(gt["server_cpu_ms_per_request"] / floor["server_cpu_ms_per_request"], 2)})
+        emit(floor)
+        emit({**gt, "cpu_per_floor": round(gt["server_cpu_ms_per_inference"] / floor["server_cpu_ms_per_inference"],
+                                           2)})
 
 
-def run_floor(pa: str, answers: dict[str, bytes], a: argparse.Namespace, tmp: Path) -> list[dict]:
-    """The floor server's points."""
-    with floor_server(answers, tmp) as (pid, port, count):
-        return [point(pa, pid, port, c, a.interval_ms, tmp, count) for c in _levels(a)]
+def points(pa: str, srv: sweep_servers.Served, a: argparse.Namespace, tmp: Path) -> list[dict]:
+    """perf_sweep's points over HTTP, the server's CPU per inference it counted. `-x 1`: without it perf_analyzer found
+    no version in the floor's recorded statistics ("failed to find the requested model version"); both servers get
+    it."""
+    return [perf_sweep.server_point(pa, srv, "http", MODEL, c, a.interval_ms, RaplMeter(), tmp, extra=["-x", "1"])
+            for c in _levels(a)]
 
 
 @contextlib.contextmanager
-def floor_server(answers: dict[str, bytes], tmp: Path) -> Iterator[tuple[int, int, Callable[[], int]]]:
-    """The floor server in a child process: (its pid, its port, the count of infer requests it answered)."""
+def floor_server(answers: dict[str, bytes], tmp: Path) -> Iterator[tuple[int, int]]:
+    """The floor server in a child process: (its pid, its port)."""
     port_file = tmp / f"floor-{time.monotonic_ns()}.port"
     payload = json.dumps({k: v.decode("latin-1") for k, v in answers.items()})
     code = (f"import sys, json; sys.path.insert(0, {str(HERE)!r}); import transport_floor as t; "
@@ -179,13 +162,7 @@ def floor_server(answers: dict[str, bytes], tmp: Path) -> Iterator[tuple[int, in
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the floor server did not start")
             time.sleep(0.05)
-        port = int(port_file.read_text())
-
-        def count() -> int:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/floor/count", timeout=10) as r:
-                return int(r.read())
-
-        yield proc.pid, port, count
+        yield proc.pid, int(port_file.read_text())
     finally:
         proc.kill()
         proc.wait(timeout=10)
@@ -193,11 +170,6 @@ def floor_server(answers: dict[str, bytes], tmp: Path) -> Iterator[tuple[int, in
 
 def _levels(a: argparse.Namespace) -> list[int]:
     return [int(c) for c in a.concurrency.split(",") if c]
-
-
-def _inference_count(port: int) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{MODEL}/stats", timeout=10) as r:
-        return sum(int(s.get("inference_count", 0)) for s in json.load(r).get("model_stats", []))
 
 
 if __name__ == "__main__":
