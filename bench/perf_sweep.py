@@ -87,12 +87,11 @@ def build_repo(root: Path, models: list[str], triton: bool) -> Path:
 
 
 # -- raw onnxruntime ----------------------------------------------------------------------------------
-def raw_point(model_path: Path, dims: list[int] | Callable[[int], dict], batch: int, threads: int,
-              duration_s: float, gap_s: float = 0.0) -> dict:
+def raw_point(model_path: Path, feed: Callable[[int], dict], batch: int, threads: int, duration_s: float,
+              gap_s: float = 0.0) -> dict:
     """session.run in this process, back to back or `gap_s` apart (requests arriving one at a time, as at one
     client: caches and the thread pool go cold in between): latency percentiles, inf/s and CPU-seconds per
-    inference (process CPU time: the calling thread and onnxruntime's pool). `dims`: the sweep models' one FP32
-    INPUT's shape past the batch, or a function of the batch size giving the whole feed (bench/perf_repo.py)."""
+    inference (process CPU time: the calling thread and onnxruntime's pool). `feed(batch)`: the session's inputs."""
     import numpy as np
     import onnxruntime as ort
 
@@ -100,16 +99,15 @@ def raw_point(model_path: Path, dims: list[int] | Callable[[int], dict], batch: 
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     sess = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
-    feed = dims(batch) if callable(dims) else {
-        "INPUT": np.random.default_rng(0).standard_normal([batch, *dims]).astype(np.float32)}
+    inputs = feed(batch)
     for _ in range(10):
-        sess.run(None, feed)
+        sess.run(None, inputs)
     lat_s: list[float] = []
     pause = threading.Event()  # never set: wait(gap_s) is the idle time between two requests
     cpu0_s, end_s = time.process_time(), time.perf_counter() + duration_s
     while time.perf_counter() < end_s and len(lat_s) < 1_000_000:
         t0 = time.perf_counter()
-        sess.run(None, feed)
+        sess.run(None, inputs)
         lat_s.append(time.perf_counter() - t0)
         if gap_s > 0:
             pause.wait(gap_s)
@@ -128,9 +126,9 @@ def raw_baseline(repo: Path, model: str, cores: int, duration_s: float, jsonl: s
     best batched throughput over batch 8 and 32. The ratios use the back-to-back batch-1 CPU (the issue's
     baseline); the paced point shows what the same run costs when requests come one at a time. `feed` and
     `batches`: another repository's model (bench/perf_repo.py); by default the sweep's own."""
-    dims = feed or MODELS[model][0]
+    feed = feed or input_feed(MODELS[model][0])
     path = model_file(repo, model)
-    points = [emit({"model": model, **raw_point(path, dims, b, t, duration_s, gap)}, jsonl)
+    points = [emit({"model": model, **raw_point(path, feed, b, t, duration_s, gap)}, jsonl)
               for b, t, gap in ((1, 1, 0.0), (1, cores, 0.0), (1, 1, 0.0005))]
     batch1 = [p for p in points if p["batch"] == 1 and not p["gap_ms"]]
     paced = next(p for p in points if p["gap_ms"])
@@ -146,11 +144,18 @@ def raw_best(repo: Path, model: str, cores: int, duration_s: float, jsonl: str |
              feed: Callable[[int], dict] | None = None, batches: Sequence[int] = (8, 32)) -> dict:
     """raw onnxruntime's best batched point (of `batches`, every core), its JSON lines tagged with `at` (the run's
     "start" or "end")."""
-    dims = feed or MODELS[model][0]
+    feed = feed or input_feed(MODELS[model][0])
     path = model_file(repo, model)
-    points = [emit({"model": model, "at": at, **raw_point(path, dims, b, cores, duration_s)}, jsonl)
+    points = [emit({"model": model, "at": at, **raw_point(path, feed, b, cores, duration_s)}, jsonl)
               for b in batches]
     return max(points, key=lambda p: p["inferences_per_s"])
+
+
+def input_feed(dims: list[int]) -> Callable[[int], dict]:
+    """The sweep models' feed: one FP32 INPUT of `dims` past the batch, normal noise."""
+    import numpy as np
+
+    return lambda batch: {"INPUT": np.random.default_rng(0).standard_normal([batch, *dims]).astype(np.float32)}
 
 
 def model_file(repo: Path, model: str) -> Path:
