@@ -228,7 +228,18 @@ def test_queued_answers_go_out_before_the_connection_closes(loop):
     transport.drain()
     conn.data_received(_requests([1]) + f.frame(f.GOAWAY, 0, 0, struct.pack(">II", 0, 0)))
     assert transport.closed and not transport.aborted
-    assert [kind for kind, _, _, _ in frames_of(bytes(transport.out))] == [f.HEADERS, f.DATA, f.HEADERS]
+    out = frames_of(bytes(transport.out))
+    assert [kind for kind, _, _, _ in out] == [f.HEADERS, f.DATA, f.HEADERS, f.GOAWAY]  # ours last (RFC 9113 6.8)
+    assert struct.unpack(">II", out[-1][3][:8]) == (1, f.NO_ERROR)
+
+
+def test_a_goaway_too_short_is_a_frame_size_error(loop):
+    """Found by the property test above: a GOAWAY of fewer than 8 bytes closed the connection without one of ours."""
+    conn, transport = connect(loop)
+    conn.data_received(f.PREFACE + f.frame(f.SETTINGS, 0, 0) + f.frame(f.GOAWAY, 0, 0, b""))
+    assert transport.closed and not transport.aborted
+    last = frames_of(bytes(transport.out))[-1]
+    assert last[0] == f.GOAWAY and struct.unpack(">I", last[3][4:8])[0] == f.FRAME_SIZE_ERROR
 
 
 def test_control_frame_flood_is_calmed(loop):

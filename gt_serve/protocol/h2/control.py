@@ -144,10 +144,11 @@ class ControlHandlers:
     def _on_goaway(self, flags: int, sid: int, payload: bytes) -> None:
         if sid:
             raise H2ConnectionError(PROTOCOL_ERROR, "GOAWAY on a stream")
+        if len(payload) < 8:
+            raise H2ConnectionError(FRAME_SIZE_ERROR, "GOAWAY length")
         self._control.frame(self._loop.time())
-        if not self.streams and self._transport is not None:
-            self.flush_output()
-            self._transport.close()
+        if not self.streams:
+            self.goaway()  # ours before closing (RFC 9113 6.8), after any queued answers
 
     def _on_window_update(self, flags: int, sid: int, payload: bytes) -> None:
         if len(payload) != 4:
