@@ -32,6 +32,10 @@ Everything else is `async def`, whether or not it waits (one contract: the trans
   unload_model(name, unload_dependents=False) -> None
   shm_register(name, key, offset, byte_size) / shm_unregister(name="") / shm_status(name="") -> [{"name","key","offset","byte_size"}]
   cuda_shm_register(name, raw_handle: bytes, device_id, byte_size) / cuda_shm_unregister(name="") / cuda_shm_status(name="") -> [...]
+The HTTP front end's express lane (protocol/http_express.py), sync, for a request of a form checked on a model:
+  express_model(name, version="") -> LoadedModel | None   the model a plain request goes straight to, else None
+  express_submit(model, feeds, batch_size, shape_key, priority) -> Future of the outputs in model order
+  express_failed(model, start_ns)                          count a failure as infer does
 """
 from __future__ import annotations
 
@@ -182,6 +186,34 @@ class DataPlane:
             raise
         echo = {k: v for k, v in request.parameters.items() if k not in _NOT_ECHOED} if request.parameters else {}
         return InferResponse(model.name, model.version, request.id, response_outputs, echo)
+
+    # -- the HTTP front end's express lane (protocol/http_express.py) -------------------------------------------
+    def express_model(self, name: str, version: str = "") -> LoadedModel | None:
+        """The loaded model that `infer` would hand a plain request for `name` / `version` to at once (`_infer_here`:
+        its queue, nothing else), or None where anything else decides: draining, a pipeline or ensemble of that name,
+        peers, a response cache, a model not loaded or not ready. A plain request: no parameters but
+        `binary_data_output`, no shared memory, no timeout of its own, a form already checked on that model."""
+        if self._readiness.draining or self._response_cache is not None or self._is_pipeline(name):
+            return None
+        fleet = self._fleet
+        if fleet is not None and fleet.connected:
+            return None
+        try:
+            model = self._registry.get(name, version)
+        except GtServeError:
+            return None
+        return model if model.state == READY and model.ensemble is None else None
+
+    def express_submit(self, model: LoadedModel, feeds: dict, batch_size: int, shape_key: tuple, priority: int):
+        """Queue a plain request of a form checked on `model` (express_model's): its future, as `_infer_here` awaits
+        it (the outputs in model order); Unavailable / QueueFull as there."""
+        deadline_s = time.monotonic() + self._default_timeout_s if self._default_timeout_s > 0 else None
+        return model.executor.submit(feeds, batch_size, shape_key, priority, deadline_s)
+
+    @staticmethod
+    def express_failed(model: LoadedModel, start_ns: int) -> None:
+        """An express request failed with a GtServeError: counted as `_infer_here` counts it."""
+        model.stats.record_failure(_now_ns() - start_ns)
 
     async def _reloaded(self, request: InferRequest, error: Unavailable) -> LoadedModel:
         """A model evicted for the memory budget: reloaded, the request waiting (bounded); else the error."""

@@ -17,13 +17,13 @@ from typing import Any
 import orjson
 
 from ..core.model_config import model_config_json
-from ..errors import GtServeError, InvalidArgument, MethodNotAllowed, NotFound, NotReady, Unauthenticated
+from ..errors import InvalidArgument, MethodNotAllowed, NotFound, NotReady, Unauthenticated
 from ..tls import TlsFiles, server_context
 from . import http_infer
-from .http_messages import Request, Response, json_error, part_nbytes
+from .http_express import HttpExpress, error_response
+from .http_messages import Request, Response, part_nbytes
 from .http_server import HttpServer
 from .http_templates import AnswerTemplates, RequestTemplates
-from .status import http_headers, http_status
 from .tracing import RequestTracer
 
 _log = logging.getLogger(__name__)
@@ -75,7 +75,8 @@ class HttpFrontEnd:
     def __init__(self, dataplane, *, max_body_bytes: int = 256 * 1024 * 1024, max_connections: int = 1024,
                  auth_token: str | None = None, idle_timeout_s: float = 60.0, header_timeout_s: float = 10.0,
                  body_timeout_s: float = 60.0, compress_min_bytes: int = COMPRESS_MIN_BYTES,
-                 tracer: RequestTracer | None = None) -> None:
+                 tracer: RequestTracer | None = None, express: bool = True) -> None:
+        """`express`: serve repeated binary infer requests from their plans (protocol/http_express.py)."""
         self._dp = dataplane
         self._max_body_bytes = max_body_bytes
         self._auth = f"Bearer {auth_token}".encode() if auth_token else None
@@ -87,7 +88,10 @@ class HttpFrontEnd:
         self._answers = AnswerTemplates()  # ... and of binary answers, encoded once
         self._log_settings = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
                               "log_verbose_level": 0, "log_format": "default"}
-        self._server = HttpServer(self._handle, max_body_bytes=max_body_bytes, max_connections=max_connections,
+        self._express = HttpExpress(dataplane, self._answers, auth=self._auth, trace_settings=self._trace_settings,
+                                    max_json_bytes=self._templates.max_json_bytes) if express else None
+        self._server = HttpServer(self._handle, express=self._express.serve if express else None,
+                                  max_body_bytes=max_body_bytes, max_connections=max_connections,
                                   idle_timeout_s=idle_timeout_s, header_timeout_s=header_timeout_s,
                                   body_timeout_s=body_timeout_s)
 
@@ -114,11 +118,8 @@ class HttpFrontEnd:
                     _need(req, "POST")
                     return await self._infer(req, parts[0], parts[2] if len(parts) == 3 else "")
             return await self._route(req, [p for p in path.split("/") if p])
-        except GtServeError as exc:
-            return json_error(http_status(exc.code), exc.message, http_headers(exc))
-        except Exception as exc:  # noqa: BLE001 - logged once, answered as 500
-            _log.exception("unexpected error serving %s %s", req.method, req.path)
-            return json_error(500, f"internal error: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a GtServeError's status, anything else logged once, a 500
+            return error_response(exc, f"{req.method} {req.path}")
 
     def _check_auth(self, req: Request) -> None:
         got = req.headers.get("authorization", "").encode("latin-1")
@@ -279,7 +280,10 @@ class HttpFrontEnd:
                 return await self._tracer.serve(trace, lambda: self._decode(req, name, version), self._dp.infer,
                                                 lambda infer_req, resp: self._encode(req, infer_req, resp))
         infer_req = await self._decode(req, name, version)
-        return self._encode(req, infer_req, await self._dp.infer(infer_req))
+        response = self._encode(req, infer_req, await self._dp.infer(infer_req))
+        if infer_req.form is not None and self._express is not None:  # made from a skeleton: may be planned
+            self._express.learn(req, infer_req, response)
+        return response
 
     async def _decode(self, req: Request, name: str, version: str):
         headers = req.headers
@@ -327,12 +331,13 @@ async def start_http(dataplane, host: str, port: int, *, max_body_bytes: int = 2
                      max_connections: int = 1024, auth_token: str | None = None,
                      idle_timeout_s: float = 60.0, header_timeout_s: float = 10.0, body_timeout_s: float = 60.0,
                      compress_min_bytes: int = COMPRESS_MIN_BYTES, tls: TlsFiles | None = None,
-                     tracer: RequestTracer | None = None) -> HttpFrontEnd:
+                     tracer: RequestTracer | None = None, express: bool = True) -> HttpFrontEnd:
     """Build and start the V2 HTTP front end; `.port` is the bound port (port 0 = ephemeral); HTTPS with
     `tls` (bad files: ConfigError naming the file)."""
     ssl_context = server_context(tls, ("http/1.1",)) if tls is not None else None
     front = HttpFrontEnd(dataplane, max_body_bytes=max_body_bytes, max_connections=max_connections,
                          auth_token=auth_token, idle_timeout_s=idle_timeout_s, header_timeout_s=header_timeout_s,
-                         body_timeout_s=body_timeout_s, compress_min_bytes=compress_min_bytes, tracer=tracer)
+                         body_timeout_s=body_timeout_s, compress_min_bytes=compress_min_bytes, tracer=tracer,
+                         express=express)
     await front.start(host, port, ssl_context)
     return front

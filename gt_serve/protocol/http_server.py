@@ -15,6 +15,11 @@ and close; a connection idle longer than `idle_timeout_s` between requests is cl
 the transport's write buffer is above its high-water mark the connection stops reading.
 `Request`, `Response` and the response head's encoding are in `http_messages.py`; the parser callbacks
 that build a `Request`, with the head and body limits, in `http_parsing.py` (mixed into the connection).
+
+An optional `express(request, reply)` callable serves a request without the worker: offered each request that
+arrives on an idle connection (nothing queued or running, reading and writing not paused), it returns a
+cancellable pending object, and later calls `reply(response)`, or None to leave the request to the worker. While
+it runs the connection is busy: requests behind it queue, and the worker takes them once its response is written.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ import asyncio
 import collections
 import logging
 import ssl
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import httptools
 
@@ -41,6 +46,7 @@ _PAUSE_DONE = 4
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+Express = Callable[[Request, Callable[[Response], None]], Any]
 
 
 class _Connection(RequestParsing, asyncio.Protocol):
@@ -48,6 +54,9 @@ class _Connection(RequestParsing, asyncio.Protocol):
         self._server = server
         self._loop = server._loop
         self._handler = server._handler
+        self._express = server._express
+        self._express_pending: Any = None  # what `express` returned for the request it is serving
+        self._express_request: Request | None = None
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._queue: collections.deque = collections.deque()
@@ -99,6 +108,9 @@ class _Connection(RequestParsing, asyncio.Protocol):
             self._timer = None
         if self._worker is not None and not self._worker.done():
             self._worker.cancel()
+        if self._express_pending is not None:
+            self._express_pending.cancel()
+            self._express_pending = self._express_request = None
         for fut in (self._waiter, self._drain_waiter):
             if fut is not None and not fut.done():
                 fut.cancel()
@@ -133,13 +145,46 @@ class _Connection(RequestParsing, asyncio.Protocol):
 
     # ---- request queue and worker ----
     def _enqueue(self, item) -> None:
+        if self._express is not None and not self._busy and not self._queue and not self._paused \
+                and type(item) is Request:
+            pending = self._express(item, self._express_reply)
+            if pending is not None:
+                self._busy = True
+                self._express_pending, self._express_request = pending, item
+                return
         self._queue.append(item)
         if len(self._queue) >= _MAX_PIPELINE:
             self._pause(_PAUSE_PIPELINE)
+        if self._express_pending is not None:
+            return  # the worker takes it once the express response is written
+        self._wake_worker()
+
+    def _wake_worker(self) -> None:
         if self._worker is None:
             self._worker = self._loop.create_task(self._run())
         elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+    def _express_reply(self, resp: Response) -> None:
+        """The express request's response: written as the worker writes one, then the worker takes what queued."""
+        item = self._express_request
+        self._express_pending = self._express_request = None
+        self._busy = False
+        transport = self._transport
+        if transport is None or item is None:
+            return
+        queue = self._queue
+        keep_alive = item.keep_alive and not ((self._server._closing or self._done) and not queue)
+        self._write(resp, keep_alive, item.http_version, False)
+        self._last_activity_s = self._loop.time()
+        if not keep_alive:
+            transport.close()
+            return
+        if self._continue_pending and not queue:
+            self._continue_pending = False
+            transport.write(CONTINUE)
+        if queue:
+            self._wake_worker()
 
     def _fail(self, status: int, message: str) -> None:
         """Queue a final error response (written after the pending ones) and stop reading."""
@@ -267,6 +312,8 @@ class _Connection(RequestParsing, asyncio.Protocol):
         self._finish_reading()
         if not self._busy and not self._queue:
             self._transport.close()
+        elif self._express_pending is not None:
+            return  # its reply closes the connection (nothing more is read)
         elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -278,10 +325,11 @@ class _Connection(RequestParsing, asyncio.Protocol):
 class HttpServer:
     """Owns the listening socket and the connections. `start`, then `close(drain_timeout_s)`."""
 
-    def __init__(self, handler: Handler, *, max_body_bytes: int = 256 * 1024 * 1024,
+    def __init__(self, handler: Handler, *, express: Express | None = None, max_body_bytes: int = 256 * 1024 * 1024,
                  max_connections: int = 1024, idle_timeout_s: float = 60.0, header_timeout_s: float = 10.0,
                  body_timeout_s: float | None = None) -> None:
         self._handler = handler
+        self._express = express
         self._max_body_bytes = max_body_bytes
         self._max_connections = max_connections
         self._idle_timeout_s = idle_timeout_s

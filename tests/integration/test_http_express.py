@@ -1,0 +1,342 @@
+"""The HTTP express lane (protocol/http_express.py) against the full path: two real servers in this process over
+real loopback sockets, one with `server.http_express` (the default) and one without, sent the same requests.
+
+What a client gets must not depend on which way a request went: the same bytes (status line, headers, body), the
+same statistics, the same errors; pipelined requests answered in order; a connection that goes away while its
+request waits loses nothing for anyone else; anything the full path would treat differently (compression, a wrong
+token, a reloaded or unloaded model) is not served from a plan.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from gt_serve.app import App
+from gt_serve.config_layers import load_config
+from gt_serve.testing import model_builders as mb
+from tests.models import build_repository
+
+TIMEOUT_S = 30.0
+BOTH = ["OUTPUT0", "OUTPUT1"]
+TABLE = np.arange(40, dtype=np.float32).reshape(10, 4)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    root = build_repository(tmp_path_factory.mktemp("express_repo"))
+    cpu = 'instance_group [ { kind: KIND_CPU } ]\n'  # onnxruntime's CPU Gather checks its indices
+    mb.gather(root / "gather" / "1" / "model.onnx", TABLE)
+    (root / "gather" / "config.pbtxt").write_text('name: "gather"\nmax_batch_size: 8\n' + cpu)
+    # two single-row requests make a batch; a lone one waits (up to 10 s) for its partner
+    mb.gather(root / "gather_pair" / "1" / "model.onnx", TABLE)
+    (root / "gather_pair" / "config.pbtxt").write_text(
+        'name: "gather_pair"\nmax_batch_size: 8\n'
+        'dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 10000000 }\n' + cpu)
+    return root
+
+
+@contextlib.asynccontextmanager
+async def serving(repo: Path, **server):
+    cfg = load_config(None, {"model_repository": str(repo), "http_port": 0, "grpc_port": 0, "metrics_port": 0,
+                             "allow_grpc": False, "allow_metrics": False, **server}, environ={})
+    app = App(cfg)
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop()
+
+
+async def until(condition, message: str) -> None:
+    """Wait for `condition()` (a state of the server in this process), polling the loop, up to TIMEOUT_S."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TIMEOUT_S
+    while not condition():
+        assert loop.time() < deadline, message
+        await asyncio.sleep(0.005)
+
+
+def served(app: App) -> int:
+    return app.http._express.served
+
+
+def infer_bytes(path: str, inputs: dict, *, outputs: list[str] | None = None, params: dict | None = None,
+                request_id: str | None = None, headers: dict | None = None) -> bytes:
+    """One binary-extension infer request as it goes on the wire (JSON part, then the tensors)."""
+    doc: dict = {}
+    if request_id is not None:
+        doc["id"] = request_id
+    doc["inputs"] = [{"name": n, "datatype": dt, "shape": list(a.shape), "parameters": {"binary_data_size": a.nbytes}}
+                     for n, (dt, a) in inputs.items()]
+    if outputs is not None:
+        doc["outputs"] = [{"name": o, "parameters": {"binary_data": True}} for o in outputs]
+    if params is not None:
+        doc["parameters"] = params
+    head = orjson.dumps(doc)
+    body = head + b"".join(a.tobytes() for _, a in inputs.values())
+    fields = {"Host": "127.0.0.1", "Content-Type": "application/octet-stream",
+              "Inference-Header-Content-Length": str(len(head)), "Content-Length": str(len(body)), **(headers or {})}
+    return (f"POST {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items()) + "\r\n").encode() + body
+
+
+def get_bytes(path: str, headers: dict | None = None) -> bytes:
+    fields = {"Host": "127.0.0.1", **(headers or {})}
+    return (f"GET {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items()) + "\r\n").encode()
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict, bytes, bytes]:
+    """(status, headers, body, the whole response's bytes)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT_S)
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+    body = await asyncio.wait_for(reader.readexactly(int(headers.get("content-length", "0"))), TIMEOUT_S)
+    return int(lines[0].split()[1]), headers, body, head + body
+
+
+class Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, app: App) -> Connection:
+        return cls(*await asyncio.open_connection("127.0.0.1", app.http.port))
+
+    async def send(self, *requests: bytes) -> list[tuple[int, dict, bytes, bytes]]:
+        """Write the requests in one piece (pipelined), read their responses."""
+        self.writer.write(b"".join(requests))
+        await self.writer.drain()
+        return [await read_response(self.reader) for _ in requests]
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(ConnectionError):
+            await self.writer.wait_closed()
+
+
+def outputs_of(body: bytes, headers: dict) -> dict[str, np.ndarray]:
+    """The answer's outputs by name, binary or JSON."""
+    n = int(headers.get("inference-header-content-length", len(body)))
+    doc = orjson.loads(body[:n])
+    arrays, at = {}, n
+    for out in doc["outputs"]:
+        dtype = {"INT32": np.int32, "FP32": np.float32}[out["datatype"]]
+        if "data" in out:
+            arrays[out["name"]] = np.array(out["data"], dtype).reshape(out["shape"])
+            continue
+        size = out["parameters"]["binary_data_size"]
+        arrays[out["name"]] = np.frombuffer(body[at:at + size], dtype).reshape(out["shape"])
+        at += size
+    assert at == len(body) or "inference-header-content-length" not in headers
+    return arrays
+
+
+def simple_pair(rng) -> tuple[np.ndarray, np.ndarray]:
+    return (rng.integers(-1000, 1000, (1, 16), dtype=np.int32), rng.integers(-1000, 1000, (1, 16), dtype=np.int32))
+
+
+async def stats(app: App, model: str) -> dict:
+    conn = await Connection.open(app)
+    try:
+        (status, _, body, _), = await conn.send(get_bytes(f"/v2/models/{model}/stats"))
+    finally:
+        await conn.close()
+    assert status == 200
+    return orjson.loads(body)["model_stats"][0]
+
+
+@pytest.mark.asyncio
+async def test_same_bytes_and_statistics_as_the_full_path(repo):
+    """Forms that differ in what they ask (all outputs, a subset in another order, binary_data_output, an id, a
+    version in the path), each sent six times with new data: byte-for-byte the answers of the full path."""
+    forms = [("/v2/models/simple/infer", {}), ("/v2/models/simple/infer", {"outputs": ["OUTPUT1", "OUTPUT0"]}),
+             ("/v2/models/simple/infer", {"outputs": ["OUTPUT1"]}),
+             ("/v2/models/simple/infer", {"params": {"binary_data_output": True}}),
+             ("/v2/models/simple/infer", {"request_id": "req-7", "outputs": ["OUTPUT0"]}),
+             ("/v2/models/simple/versions/1/infer", {"outputs": ["OUTPUT0", "OUTPUT1"]})]
+    async with serving(repo) as fast, serving(repo, http_express=False) as full:
+        assert full.http._express is None
+        conns = [await Connection.open(fast), await Connection.open(full)]
+        rng = np.random.default_rng(3)
+        for path, kw in forms:
+            for _ in range(6):
+                a, b = simple_pair(rng)
+                request = infer_bytes(path, {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)}, **kw)
+                (got,), (want,) = [await c.send(request) for c in conns]
+                assert got[0] == 200, got[2]
+                assert got[3] == want[3]  # status line, headers and body
+                expect = {"OUTPUT0": a + b, "OUTPUT1": a - b}
+                for name, array in outputs_of(got[2], got[1]).items():
+                    assert np.array_equal(array, expect[name])
+        for c in conns:
+            await c.close()
+        # each form: the first request decoded in full, the second learns its skeleton, the third its plan; not the
+        # first form, whose outputs go back as JSON (no binary_data asked): its answers are encoded each time
+        assert served(fast) == (len(forms) - 1) * 3
+        got, want = await stats(fast, "simple"), await stats(full, "simple")
+        assert (got["inference_count"], got["execution_count"]) == (want["inference_count"], want["execution_count"])
+        for key in ("success", "fail", "queue", "compute_infer"):
+            assert got["inference_stats"][key]["count"] == want["inference_stats"][key]["count"], key
+        assert got["inference_stats"]["success"]["count"] == len(forms) * 6
+
+
+@pytest.mark.asyncio
+async def test_pipelined_requests_are_answered_in_order(repo):
+    """An express request holds the connection: what arrives behind it (more infers, a metadata request, a last
+    one asking to close) is answered after it, in order, and the connection then closes."""
+    rng = np.random.default_rng(5)
+    async with serving(repo) as app:
+        conn = await Connection.open(app)
+        data = [simple_pair(rng) for _ in range(7)]
+
+        def req(i: int, **headers) -> bytes:
+            a, b = data[i]
+            return infer_bytes("/v2/models/simple/infer", {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)},
+                               outputs=BOTH, headers=headers)
+
+        for i in range(3):  # learn the plan
+            assert (await conn.send(req(i)))[0][0] == 200
+        before = served(app)
+        answers = await conn.send(req(3), req(4), get_bytes("/v2/models/simple"), req(5), req(6, Connection="close"))
+        assert served(app) > before
+        assert [a[0] for a in answers] == [200] * 5
+        assert orjson.loads(answers[2][2])["name"] == "simple"
+        for i, answer in zip((3, 4, None, 5, 6), answers):
+            if i is None:
+                continue
+            a, b = data[i]
+            assert np.array_equal(outputs_of(answer[2], answer[1])["OUTPUT0"], a + b)
+        assert answers[-1][1].get("connection") == "close"
+        assert await asyncio.wait_for(conn.reader.read(), TIMEOUT_S) == b""  # closed after the last answer
+        await conn.close()
+
+
+@pytest.mark.asyncio
+async def test_a_failed_run_gives_the_full_paths_error_and_count(repo):
+    """A request of a planned form whose data makes onnxruntime's run fail (an index out of range): the same
+    status and message as the full path, counted as a failure, and the model serves the next one."""
+    async with serving(repo) as fast, serving(repo, http_express=False) as full:
+        conns = [await Connection.open(fast), await Connection.open(full)]
+
+        def req(index: int) -> bytes:
+            return infer_bytes("/v2/models/gather/infer", {"INDICES": ("INT64", np.array([[index]], np.int64))},
+                               outputs=["OUTPUT"])
+
+        for index in (1, 2, 3, 4):
+            (got,), (want,) = [await c.send(req(index)) for c in conns]
+            assert got[0] == 200 and got[3] == want[3]
+        before = served(fast)
+        (got,), (want,) = [await c.send(req(100)) for c in conns]
+        assert served(fast) == before + 1
+        assert got[0] == want[0] and got[0] >= 400
+        assert got[3] == want[3]
+        assert orjson.loads(got[2])["error"].startswith("model 'gather': inference failed on lane cpu.")
+        (got,), (want,) = [await c.send(req(9)) for c in conns]
+        assert got[0] == 200 and got[3] == want[3]
+        for c in conns:
+            await c.close()
+        got, want = await stats(fast, "gather"), await stats(full, "gather")
+        assert got["inference_stats"]["fail"]["count"] == want["inference_stats"]["fail"]["count"] == 1
+        assert got["inference_stats"]["success"]["count"] == want["inference_stats"]["success"]["count"] == 5
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_goes_away_while_its_request_waits_costs_nobody_else(repo):
+    """`gather_pair` runs two requests together and keeps a lone one waiting: a client drops its connection while
+    its express request waits; the next pair is answered, each with its own rows, and the server goes on."""
+    def req(index: int) -> bytes:
+        return infer_bytes("/v2/models/gather_pair/infer", {"INDICES": ("INT64", np.array([[index]], np.int64))},
+                               outputs=["OUTPUT"])
+
+    async def pair(app: App, i: int, j: int) -> list:
+        conns = [await Connection.open(app), await Connection.open(app)]
+        answers = await asyncio.gather(conns[0].send(req(i)), conns[1].send(req(j)))
+        for c in conns:
+            await c.close()
+        return [a for (a,) in answers]
+
+    async with serving(repo) as app:
+        for i, j in ((1, 2), (3, 4)):  # learn the plan
+            assert [a[0] for a in await pair(app, i, j)] == [200, 200]
+        before, connections = served(app), app.http._server.connection_count
+        lone = socket.create_connection(("127.0.0.1", app.http.port))
+        lone.sendall(req(7))
+        await until(lambda: served(app) > before, "the lone request was never served from its plan")
+        lone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        lone.close()  # a reset: gone while its request waits for a partner
+        await until(lambda: app.http._server.connection_count == connections, "the reset was never seen")
+        answers = await pair(app, 5, 6)
+        assert [a[0] for a in answers] == [200, 200]
+        for index, answer in zip((5, 6), answers):
+            assert np.array_equal(outputs_of(answer[2], answer[1])["OUTPUT"].reshape(4), TABLE[index])
+        assert served(app) >= before + 3
+        assert (await stats(app, "gather_pair"))["inference_stats"]["success"]["count"] == 6
+
+
+@pytest.mark.asyncio
+async def test_compression_and_tokens_take_the_full_path(repo):
+    """Accept-Encoding (the answer may be compressed) and a wrong token are never served from a plan: both get the
+    full path's answer (the wrong token a 401); the right token is served from the plan."""
+    rng = np.random.default_rng(9)
+    token = {"Authorization": "Bearer s3cret"}
+    async with serving(repo, auth_token="s3cret") as fast, serving(repo, auth_token="s3cret",
+                                                                    http_express=False) as full:
+        conns = [await Connection.open(fast), await Connection.open(full)]
+        a, b = rng.integers(0, 9, (1, 16), dtype=np.int32), rng.integers(0, 9, (1, 16), dtype=np.int32)
+        inputs = {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)}
+        async def both(headers: dict) -> tuple:
+            (got,), (want,) = [await c.send(infer_bytes("/v2/models/simple/infer", inputs, outputs=BOTH,
+                                                         headers=headers)) for c in conns]
+            assert got[3] == want[3]  # status line, headers and body
+            return got
+
+        for _ in range(3):
+            assert (await both(token))[0] == 200
+        before = served(fast)
+        # (an answer this small is not compressed: what matters is that the full path decides)
+        assert (await both({**token, "Accept-Encoding": "gzip"}))[0] == 200
+        assert (await both({"Authorization": "Bearer nope"}))[0] == 401
+        assert served(fast) == before
+        assert (await both(token))[0] == 200
+        assert served(fast) == before + 1
+        for c in conns:
+            await c.close()
+
+
+@pytest.mark.asyncio
+async def test_a_reloaded_or_unloaded_model_is_not_served_from_an_old_plan(repo):
+    rng = np.random.default_rng(11)
+    async with serving(repo, model_control_mode="explicit", load_models=("simple",)) as app:
+        conn = await Connection.open(app)
+
+        async def infer() -> tuple:
+            a, b = simple_pair(rng)
+            (answer,) = await conn.send(infer_bytes("/v2/models/simple/infer",
+                                                    {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)}, outputs=BOTH))
+            if answer[0] == 200:
+                assert np.array_equal(outputs_of(answer[2], answer[1])["OUTPUT0"], a + b)
+            return answer
+
+        for _ in range(4):
+            assert (await infer())[0] == 200
+        assert served(app) == 1
+        (status, _, body, _), = await conn.send(
+            b"POST /v2/repository/models/simple/load HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        assert status == 200, body
+        assert (await infer())[0] == 200
+        assert served(app) == 1  # a new model: the full path, which plans it again
+        assert (await infer())[0] == 200
+        assert served(app) == 2
+        (status, _, body, _), = await conn.send(
+            b"POST /v2/repository/models/simple/unload HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        assert status == 200, body
+        status, _, body, _ = await infer()
+        assert status >= 400 and "simple" in orjson.loads(body)["error"]
+        assert served(app) == 2
+        await conn.close()
