@@ -225,7 +225,7 @@ class App:
                                          max_connections=s.max_connections, auth_token=s.auth_token,
                                          idle_timeout_s=s.idle_timeout_s, header_timeout_s=s.header_timeout_s,
                                          body_timeout_s=s.body_timeout_s, tls=listener_files(s, "http"),
-                                         tracer=self.tracer, express=s.http_express)
+                                         tracer=self.tracer, express=s.express)
             self.ports["http"] = self.http.port
         if s.allow_grpc:
             grpc_kwargs = {"auth_token": s.auth_token, "peer_token": self.cfg.cluster.peer_token,
@@ -234,7 +234,8 @@ class App:
             if s.grpc_transport == "native":
                 from .protocol.grpc_native import start_grpc_native as start_grpc
 
-                grpc_kwargs.update(max_connections=s.max_connections, idle_timeout_s=s.idle_timeout_s)
+                grpc_kwargs.update(max_connections=s.max_connections, idle_timeout_s=s.idle_timeout_s,
+                                   express=s.express)
             else:
                 from .protocol.grpc import start_grpc
 

@@ -60,9 +60,10 @@ class ServerConfig:
     metrics_token: str | None = None
     allow_grpc: bool = True
     grpc_transport: str = "native"  # "native" (our HTTP/2 transport, protocol/grpc_native.py) or "grpcio"
-    # repeated binary infer requests served from their plans, without the handler's coroutine chain
-    # (protocol/http_express.py; the same answers, statistics and errors); false = every request the full way
-    http_express: bool = True
+    # repeated binary infer requests (HTTP, and ModelInfer on the native gRPC transport) served from their plans,
+    # without the handler's coroutine chain (protocol/express_plans.py; the same answers, statistics and errors);
+    # false = every request the full way
+    express: bool = True
     allow_http: bool = True
     allow_metrics: bool = True
     log_level: str = "INFO"

@@ -34,10 +34,10 @@ from .grpc_codec import (
     response_to_proto,
     shm_status_to_proto,
 )
+from .grpc_express import GrpcExpress, abort_for
 from .grpc_messages import Abort
 from .grpc_stream import serve_stream, stream_answer, stream_error
 from .grpc_templates import GrpcAnswerTemplates, GrpcRequestTemplates, MessageNotParsed, parse_request
-from .status import grpc_status, grpc_trailers
 from .tracing import RequestTracer
 
 log = logging.getLogger(__name__)
@@ -59,11 +59,9 @@ _AUTH_EXEMPT = frozenset({_SERVICE + "ServerLive", _SERVICE + "ServerReady"})
 _STREAM_METHOD = _SERVICE + "ModelStreamInfer"
 
 async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext) -> None:
-    """The one place an exception becomes a gRPC status."""
-    if isinstance(exc, GtServeError):
-        await context.abort(grpc_status(exc.code), exc.message, trailing_metadata=grpc_trailers(exc))
-    log.error("unexpected error in gRPC handler", exc_info=exc)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+    """The one place an exception becomes a gRPC status (grpc_express.abort_for, also the express lane's)."""
+    status = abort_for(exc)
+    await context.abort(status.code, status.details, trailing_metadata=status.trailers)
 
 
 def _rpc(method):
@@ -84,12 +82,14 @@ def _rpc(method):
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """inference.GRPCInferenceService over a DataPlane (see core/dataplane.py for the contract)."""
 
-    def __init__(self, dataplane, tracer: RequestTracer | None = None) -> None:
+    def __init__(self, dataplane, tracer: RequestTracer | None = None, express: bool = False) -> None:
+        """`express`: repeated ModelInfer messages served from their plans (our own transport; grpc_express.py)."""
         self._dp = dataplane
         self._tracer = tracer or RequestTracer.disabled()  # shared with the HTTP front end (App)
         self._trace_settings = self._tracer.settings
         self._templates = GrpcRequestTemplates()  # ModelInfer messages as bytes (our own transport), decoded once
         self._answers = GrpcAnswerTemplates()  # ... and its answers' heads, serialized once
+        self.express = GrpcExpress(dataplane, self._answers, self._trace_settings) if express else None
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -149,8 +149,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if self._trace_settings.active:
             return await self.ModelInfer.__wrapped__(self, parse_request(data), context)
         infer_request = self._templates.decode(data, context.time_remaining())
+        response = await self._dp.infer(infer_request)
+        if infer_request.form is not None and self.express is not None:  # made from a skeleton: may be planned
+            self.express.learn(data, infer_request, response, context.time_remaining() is not None)
         # the message's pieces (a list): the transport sends them as they are, the outputs' data uncopied
-        return self._answers.encode_parts(await self._dp.infer(infer_request))
+        return self._answers.encode_parts(response)
 
     async def _stream_one(self, request: pb.ModelInferRequest, remaining_s: float | None, metadata=None):
         try:

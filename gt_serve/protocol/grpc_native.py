@@ -78,23 +78,23 @@ class _GrpcStream(H2Stream):
         self.have = 0
         self.request: tuple | None = None  # unary: (flag, message)
         self.requests = 0
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Future | None = None  # the call's task, or an express request's future
         self.messages: Messages | None = None
         self.deadline_handle: asyncio.TimerHandle | None = None
         self.finished = False  # a status was sent or the stream was dropped
 
 
 def _method_table(servicer: InferenceServicer) -> dict[str, tuple]:
-    """path -> (handler, request parser, streaming?) for every method of the service."""
+    """path -> (handler, request parser, streaming?, express lane or None) for every method of the service."""
     table = {}
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     for method in service.methods:
         request_cls = getattr(pb, method.input_type.name)
         streaming = method.client_streaming or method.server_streaming
-        table[_SERVICE + method.name] = (getattr(servicer, method.name), request_cls.FromString, streaming)
+        table[_SERVICE + method.name] = (getattr(servicer, method.name), request_cls.FromString, streaming, None)
     # inference takes the messages' bytes: the servicer's request templates decode them (protocol/grpc_templates.py)
-    table[_SERVICE + "ModelInfer"] = (servicer.ModelInferBytes, bytes, False)
-    table[_SERVICE + "ModelStreamInfer"] = (servicer.ModelStreamInferBytes, bytes, True)
+    table[_SERVICE + "ModelInfer"] = (servicer.ModelInferBytes, bytes, False, servicer.express)
+    table[_SERVICE + "ModelStreamInfer"] = (servicer.ModelStreamInferBytes, bytes, True, None)
     return table
 
 
@@ -226,7 +226,18 @@ class GrpcConnection(H2Connection):
         flag, message = stream.request
         stream.request = None
         self.release(stream, len(message))
+        express = stream.method[3]
+        if express is not None and not flag:  # a ModelInfer that may be served from its plan (grpc_express.py)
+            stream.task = express.serve(message, stream.deadline_handle is not None,
+                                        lambda result: self._express_reply(stream, result))
+            if stream.task is not None:
+                return
         stream.task = self._loop.create_task(self._run_unary(stream, flag, message))
+
+    def _express_reply(self, stream: _GrpcStream, result) -> None:
+        if type(result) is Abort:
+            return self.finish(stream, result.code, result.details, result.trailers)
+        self._send_message(stream, result, last=True)
 
     async def parse(self, stream: _GrpcStream, flag: int, message: bytes):
         """A request message as protobuf: inflated first (off the loop when large), bounded."""
@@ -323,11 +334,11 @@ class NativeGrpcServer:
     """The listening socket and its connections; `port` is the bound port."""
 
     def __init__(self, dataplane, *, auth_token: str | None, peer_token: str | None, limits: H2Limits,
-                 tracer: RequestTracer | None = None) -> None:
+                 tracer: RequestTracer | None = None, express: bool = True) -> None:
         quiet_hpack_logging()
         self.loop = asyncio.get_running_loop()
         self.limits = limits
-        self.methods = _method_table(InferenceServicer(dataplane, tracer))
+        self.methods = _method_table(InferenceServicer(dataplane, tracer, express))
         self.connections: set[GrpcConnection] = set()
         self.closing = False
         self._expected = bearer_values(auth_token, peer_token) if auth_token else []
@@ -370,13 +381,14 @@ async def start_grpc_native(dataplane, host: str, port: int, *, auth_token: str 
                             peer_token: str | None = None, max_message_bytes: int = 2**31 - 1,
                             max_connections: int = 1024, idle_timeout_s: float = 60.0,
                             limits: H2Limits | None = None, tls: TlsFiles | None = None,
-                            tracer: RequestTracer | None = None) -> NativeGrpcServer:
+                            tracer: RequestTracer | None = None, express: bool = True) -> NativeGrpcServer:
     limits = limits or H2Limits()
     limits = replace(limits, max_message_bytes=max_message_bytes, max_connections=max_connections,
                      idle_timeout_s=idle_timeout_s, handshake_timeout_s=min(limits.handshake_timeout_s, idle_timeout_s),
                      frame_timeout_s=min(limits.frame_timeout_s, idle_timeout_s))
     ssl_context = server_context(tls, ("h2",)) if tls is not None else None  # gRPC clients require ALPN h2
-    server = NativeGrpcServer(dataplane, auth_token=auth_token, peer_token=peer_token, limits=limits, tracer=tracer)
+    server = NativeGrpcServer(dataplane, auth_token=auth_token, peer_token=peer_token, limits=limits, tracer=tracer,
+                              express=express)
     try:
         await server.start(host.strip("[]"), port, ssl_context)
     except OSError as exc:

@@ -128,6 +128,11 @@ class GrpcAnswerTemplates:
         self._heads: dict[tuple, bytes] = {}
         self.hits = 0
 
+    @staticmethod
+    def templated(resp: InferResponse) -> bool:
+        """Whether `resp`'s answers are encoded from a head kept once per kind (`encode_parts`)."""
+        return answer_key(resp) is not None
+
     def encode_parts(self, resp: InferResponse) -> list:
         """response_to_proto(resp).SerializeToString(), byte for byte once joined, as the pieces it is made of (the
         outputs' data not copied: a transport writes them as they are)."""

@@ -1,5 +1,5 @@
 """The HTTP express lane (protocol/http_express.py) against the full path: two real servers in this process over
-real loopback sockets, one with `server.http_express` (the default) and one without, sent the same requests.
+real loopback sockets, one with `server.express` (the default) and one without, sent the same requests.
 
 What a client gets must not depend on which way a request went: the same bytes (status line, headers, body), the
 same statistics, the same errors; pipelined requests answered in order; a connection that goes away while its
@@ -160,7 +160,7 @@ async def test_same_bytes_and_statistics_as_the_full_path(repo):
              ("/v2/models/simple/infer", {"params": {"binary_data_output": True}}),
              ("/v2/models/simple/infer", {"request_id": "req-7", "outputs": ["OUTPUT0"]}),
              ("/v2/models/simple/versions/1/infer", {"outputs": ["OUTPUT0", "OUTPUT1"]})]
-    async with serving(repo) as fast, serving(repo, http_express=False) as full:
+    async with serving(repo) as fast, serving(repo, express=False) as full:
         assert full.http._express is None
         conns = [await Connection.open(fast), await Connection.open(full)]
         rng = np.random.default_rng(3)
@@ -221,7 +221,7 @@ async def test_pipelined_requests_are_answered_in_order(repo):
 async def test_a_failed_run_gives_the_full_paths_error_and_count(repo):
     """A request of a planned form whose data makes onnxruntime's run fail (an index out of range): the same
     status and message as the full path, counted as a failure, and the model serves the next one."""
-    async with serving(repo) as fast, serving(repo, http_express=False) as full:
+    async with serving(repo) as fast, serving(repo, express=False) as full:
         conns = [await Connection.open(fast), await Connection.open(full)]
 
         def req(index: int) -> bytes:
@@ -286,7 +286,7 @@ async def test_compression_and_tokens_take_the_full_path(repo):
     rng = np.random.default_rng(9)
     token = {"Authorization": "Bearer s3cret"}
     async with serving(repo, auth_token="s3cret") as fast, serving(repo, auth_token="s3cret",
-                                                                    http_express=False) as full:
+                                                                    express=False) as full:
         conns = [await Connection.open(fast), await Connection.open(full)]
         a, b = rng.integers(0, 9, (1, 16), dtype=np.int32), rng.integers(0, 9, (1, 16), dtype=np.int32)
         inputs = {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)}

@@ -1,0 +1,94 @@
+"""Express plans, shared by the HTTP and gRPC express lanes (protocol/http_express.py, grpc_express.py).
+
+A client that sends one request over and over with new tensor data (perf_analyzer, tritonclient with fixed shapes)
+has each request decoded from a skeleton, checked once per form, queued, and answered from an answer template. Once
+one such request has been served that way, what the next ones need is fixed: the loaded model, where each input lies
+in the message, the checked batch size and shape key, which outputs go back, and the answer's encoded head by output
+shapes. A `Plan` holds that; an express lane serves a later request from it, straight from the transport's callback
+to the model's queue and from the future's callback back to the transport (issue #17, DESIGN-NOTES departure 17).
+
+`plannable` says whether a request served the full way may be planned: made from a skeleton, no shared memory, no
+classification, no parameters but `binary_data_output` (the data plane neither echoes nor pops it), and the data
+plane serving its model straight from its queue (`DataPlane.express_model`). The transports add their own conditions
+(tracing off; no compression, no deadline of the call's own, the token right) before they learn or serve.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from ..types import InferRequest, Tensor
+
+_now_ns = time.monotonic_ns
+ANSWER_SHAPES = 16  # answers kept per plan, by output shapes (a model with dynamic output dims has several)
+_PLANNED_PARAMETERS = frozenset({"binary_data_output"})
+
+
+def plannable(dataplane: Any, request: InferRequest) -> tuple[Any, tuple, tuple | None] | None:
+    """(loaded model, its checked form, the returned outputs' indices in model order or None for all) when
+    `request`, just served the full way, may be planned; else None."""
+    form = request.form
+    if form is None or form.in_shm or not _PLANNED_PARAMETERS.issuperset(form.params) or request.deadline_s:
+        return None
+    model = dataplane.express_model(request.model_name, request.model_version)
+    checked = None if model is None else model.checked_forms.get(form)
+    if checked is None or checked[3]:  # not checked on this model, or in shared memory
+        return None
+    requested = checked[2]
+    if requested is None:
+        return model, checked, None
+    if any(o.parameters.get("classification") is not None or o.in_shared_memory for o in requested):
+        return None
+    order = model.spec.output_order
+    return model, checked, tuple(order.index(o.name) for o in requested)
+
+
+class Plan:
+    """What a request of one planned form needs; `inputs`: (name, numpy dtype, elements, start in the message,
+    shape) per input, the starts the transport's."""
+
+    __slots__ = ("model", "name", "version", "inputs", "batch_size", "shape_key", "priority", "picks", "names",
+                 "datatypes", "request", "answers")
+
+    def __init__(self, model: Any, request: InferRequest, checked: tuple, picks: tuple | None, starts) -> None:
+        form = request.form
+        spec = model.spec
+        self.model = model
+        self.name, self.version = request.model_name, request.model_version
+        self.inputs = tuple((name, dtype, count, start, shape)
+                            for (name, _, shape, _, dtype, count), start in zip(form.inputs, starts))
+        self.batch_size, self.shape_key = checked[0], checked[1]
+        self.priority = form.priority
+        self.picks = picks
+        self.names = tuple(spec.output_order if picks is None else [spec.output_order[i] for i in picks])
+        self.datatypes = tuple(spec.outputs[n].datatype for n in self.names)
+        # what an answer's encoding reads of a request: its id, requested outputs and parameters (no data)
+        self.request = InferRequest(request.model_name, request.model_version, form.request_id, [], form.outputs,
+                                    dict(form.params))
+        self.answers: dict[tuple, Any] = {}  # output shapes -> the transport's encoded answer head
+
+    def feeds(self, buffer) -> dict:
+        """The request's inputs, as arrays over `buffer` (the message)."""
+        return {name: np.frombuffer(buffer, dtype, count, start).reshape(shape)
+                for name, dtype, count, start, shape in self.inputs}
+
+    def outputs(self, arrays: list) -> list:
+        """The returned outputs of a batch's per-request result (model order), in the answer's order."""
+        picks = self.picks
+        return arrays if picks is None else [arrays[i] for i in picks]
+
+    def tensors(self, outputs: list) -> list[Tensor]:
+        """The response's tensors, as DataPlane's make_outputs makes them for this form."""
+        return [Tensor(n, t, a.shape, a) for n, t, a in zip(self.names, self.datatypes, outputs)]
+
+    def keep_answer(self, shapes: tuple, head: Any) -> None:
+        if len(self.answers) < ANSWER_SHAPES:
+            self.answers[shapes] = head
+
+
+def outcome(future) -> tuple[list | None, BaseException | None]:
+    """(the outputs, None) or (None, the error) of a done, not cancelled, express future."""
+    exc = future.exception()
+    return (None, exc) if exc is not None else (future.result(), None)

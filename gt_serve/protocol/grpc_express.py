@@ -1,0 +1,156 @@
+"""The gRPC express lane (our own transport): a repeated ModelInfer served from its plan, without a task per call.
+
+Once a ModelInfer message has been served the full way (`InferenceServicer.ModelInferBytes`: decoded from a
+skeleton, checked, queued, answered from an answer template) and may be planned (protocol/express_plans.py), its
+`Plan` is kept with the message's layout: its head (fields 1-6, the template's key), then one `raw_input_contents`
+entry per input, each a tag and a length that are fixed by the data sizes. A later message of the same length whose
+head and entry headers are those bytes has that layout and no other (protobuf would parse it to the same fields with
+other data), so its inputs are read in place and submitted to the model's queue from the transport's callback
+(`GrpcExpress.serve`), and its answer sent from the future's callback: no task, coroutine chain or per-request
+objects (issue #17).
+
+Only where the full path would do exactly the same: an uncompressed message, a call without a deadline of its own,
+tracing off (the token was checked when the call opened), and `DataPlane.express_model` still naming the plan's
+loaded model (a reload or unload makes a new one, and the stale plan is dropped). The answer is the full path's
+bytes (tests/integration/test_grpc_express.py), a failure its status (`abort_for`, as the servicer's `_rpc`).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import grpc
+
+from ..errors import GtServeError
+from ..types import InferRequest, InferResponse
+from .codec import raw_from_array
+from .express_plans import Plan, _now_ns, outcome, plannable
+from .grpc_messages import Abort
+from .grpc_templates import GrpcAnswerTemplates, split_message
+from .h2.frames import varint
+from .status import grpc_status, grpc_trailers
+
+log = logging.getLogger(__name__)
+_RAW_INPUT_CONTENTS_TAG = b"\x3a"  # field 7 of ModelInferRequest, length-delimited
+_RAW_OUTPUT_CONTENTS_TAG = b"\x32"  # field 6 of ModelInferResponse
+
+
+def abort_for(exc: BaseException) -> Abort:
+    """The status of a failed call, as the servicer's `_rpc` gives it: a GtServeError's code, message and trailers;
+    anything else logged, INTERNAL."""
+    if isinstance(exc, GtServeError):
+        return Abort(grpc_status(exc.code), exc.message, grpc_trailers(exc))
+    log.error("unexpected error in gRPC handler", exc_info=exc)
+    return Abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+class _Layout:
+    __slots__ = ("plan", "head", "entries")
+
+    def __init__(self, plan: Plan, head: bytes, entries: tuple) -> None:
+        self.plan = plan
+        self.head = head  # the message's fields 1-6
+        self.entries = entries  # (where an input's entry header lies, its bytes), in input order
+
+
+class GrpcExpress:
+    """One servicer's plans (touched on the event loop only), by message length."""
+
+    def __init__(self, dataplane: Any, answers: GrpcAnswerTemplates, trace_settings: Any,
+                 capacity: int = 256) -> None:
+        self._dp = dataplane
+        self._answers = answers
+        self._trace_settings = trace_settings
+        self._capacity = capacity
+        self._plans: dict[int, list[_Layout]] = {}
+        self._count = 0
+        self.served = 0
+
+    def learn(self, data, request: InferRequest, response: InferResponse, deadline: bool) -> None:
+        """After the message `data` was served the full way as `request`, answered with `response` (no call deadline:
+        `deadline` False): keep its plan when a message like it could be served from one."""
+        if deadline or self._trace_settings.active or not self._answers.templated(response):
+            return
+        planned = plannable(self._dp, request)
+        split = None if planned is None else split_message(data)
+        if split is None:
+            return
+        head_end, starts, sizes = split
+        if len(starts) != len(request.inputs):
+            return
+        entries, at = [], head_end
+        for start, size in zip(starts, sizes):
+            header = _RAW_INPUT_CONTENTS_TAG + varint(size)
+            if start - at != len(header) or bytes(data[at:start]) != header:
+                return
+            entries.append((at, header))
+            at = start + size
+        if at != len(data):
+            return
+        if self._count >= self._capacity:
+            self._plans.clear()
+            self._count = 0
+        model, checked, picks = planned
+        layout = _Layout(Plan(model, request, checked, picks, starts), bytes(data[:head_end]), tuple(entries))
+        same_length = self._plans.setdefault(len(data), [])
+        same_length[:] = [known for known in same_length if known.head != layout.head] + [layout]
+        self._count += 1
+
+    def _layout(self, data) -> _Layout | None:
+        for layout in self._plans.get(len(data), ()):
+            head = layout.head
+            if data[:len(head)] == head and all(data[at:at + len(h)] == h for at, h in layout.entries):
+                return layout
+        return None
+
+    def serve(self, data, deadline: bool, reply: Callable[[Any], None]) -> Any:
+        """Submit the ModelInfer message `data` from its plan and return its future (cancel it if the call ends);
+        `reply(pieces or Abort)` comes from the batch's completion. None when it must take the full path."""
+        if deadline or self._trace_settings.active:
+            return None
+        layout = self._layout(data)
+        if layout is None:
+            return None
+        plan = layout.plan
+        model = self._dp.express_model(plan.name, plan.version)
+        if model is not plan.model:  # reloaded, unloaded, or no longer served here alone: the full path decides
+            self._plans[len(data)].remove(layout)
+            return None
+        start_ns = _now_ns()
+        try:
+            future = self._dp.express_submit(model, plan.feeds(data), plan.batch_size, plan.shape_key, plan.priority)
+        except GtServeError:  # a full queue, an unloading model: the full path gives the status and counts it
+            return None
+        future.add_done_callback(lambda f: self._answer(f, plan, reply, start_ns))
+        self.served += 1
+        return future
+
+    def _answer(self, future, plan: Plan, reply: Callable[[Any], None], start_ns: int) -> None:
+        if future.cancelled():  # the call ended (reset, deadline, connection gone)
+            return
+        try:
+            arrays, exc = outcome(future)
+            if exc is None:
+                result = self._pieces(plan, plan.outputs(arrays))
+            else:
+                if isinstance(exc, GtServeError):
+                    self._dp.express_failed(plan.model, start_ns)
+                result = abort_for(exc)
+        except Exception as exc:  # noqa: BLE001 - the call must get an answer
+            result = abort_for(exc)
+        reply(result)
+
+    def _pieces(self, plan: Plan, outputs: list) -> list:
+        shapes = tuple([a.shape for a in outputs])
+        head = plan.answers.get(shapes)
+        if head is None:  # output shapes not seen yet: encoded as the full path encodes them
+            response = InferResponse(plan.model.name, plan.model.version, plan.request.id, plan.tensors(outputs), {})
+            pieces = self._answers.encode_parts(response)
+            if self._answers.templated(response):
+                plan.keep_answer(shapes, self._answers.encode_parts(response)[0])
+            return pieces
+        pieces = [head]
+        for a, datatype in zip(outputs, plan.datatypes):
+            raw = raw_from_array(a, datatype)
+            pieces += (_RAW_OUTPUT_CONTENTS_TAG, varint(len(raw)), raw)
+        return pieces

@@ -1,0 +1,220 @@
+"""The gRPC express lane (protocol/grpc_express.py, our own transport) against the full path: two real servers in
+this process, one with `server.express` (the default) and one without, sent the same ModelInfer messages as raw
+bytes over real grpcio channels, so that the answers' bytes, statuses and trailers can be compared as they are.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from gt_serve.app import App
+from gt_serve.config_layers import load_config
+from gt_serve.testing import model_builders as mb
+from tests.models import build_repository
+
+TIMEOUT_S = 30.0
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+TABLE = np.arange(40, dtype=np.float32).reshape(10, 4)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    root = build_repository(tmp_path_factory.mktemp("grpc_express_repo"))
+    cpu = 'instance_group [ { kind: KIND_CPU } ]\n'  # onnxruntime's CPU Gather checks its indices
+    mb.gather(root / "gather" / "1" / "model.onnx", TABLE)
+    (root / "gather" / "config.pbtxt").write_text('name: "gather"\nmax_batch_size: 8\n' + cpu)
+    mb.gather(root / "gather_pair" / "1" / "model.onnx", TABLE)  # a lone request waits for a partner
+    (root / "gather_pair" / "config.pbtxt").write_text(
+        'name: "gather_pair"\nmax_batch_size: 8\n'
+        'dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 10000000 }\n' + cpu)
+    return root
+
+
+@contextlib.asynccontextmanager
+async def serving(repo: Path, **server):
+    cfg = load_config(None, {"model_repository": str(repo), "http_port": 0, "grpc_port": 0, "metrics_port": 0,
+                             "allow_http": False, "allow_metrics": False, **server}, environ={})
+    app = App(cfg)
+    await app.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.ports['grpc']}")
+    try:
+        yield app, channel.unary_unary(INFER)  # bytes in, bytes out
+    finally:
+        await channel.close()
+        await app.stop()
+
+
+def served(app: App) -> int:
+    lanes = [m[3] for m in app.grpc.methods.values() if m[3] is not None]
+    return lanes[0].served if lanes else -1
+
+
+def message(model: str, inputs: dict, *, outputs: list[str] | None = None, request_id: str = "",
+            version: str = "") -> bytes:
+    req = pb.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+    for name, (datatype, array) in inputs.items():
+        tensor = req.inputs.add(name=name, datatype=datatype)
+        tensor.shape.extend(array.shape)
+        req.raw_input_contents.append(array.tobytes())
+    for name in outputs or ():
+        req.outputs.add(name=name)
+    return req.SerializeToString()
+
+
+async def call(infer, data: bytes, **kw) -> tuple:
+    """(status code, details, trailing metadata, answer bytes or None); no deadline unless `timeout` is given (a
+    call with one is not served from a plan; pytest's own timeout bounds the test)."""
+    try:
+        answer = await infer(data, **kw)
+    except grpc.aio.AioRpcError as exc:
+        return exc.code(), exc.details(), tuple(exc.trailing_metadata() or ()), None
+    return grpc.StatusCode.OK, "", (), answer
+
+
+def simple(rng, **kw) -> tuple[bytes, np.ndarray, np.ndarray]:
+    a, b = (rng.integers(-1000, 1000, (1, 16), dtype=np.int32) for _ in range(2))
+    return message("simple", {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)}, **kw), a, b
+
+
+def gather(index: int, model: str = "gather") -> bytes:
+    return message(model, {"INDICES": ("INT64", np.array([[index]], np.int64))})
+
+
+async def stats(app: App, model: str) -> dict:
+    return (await app.dataplane.statistics(model))["model_stats"][0]
+
+
+@pytest.mark.asyncio
+async def test_same_bytes_and_statistics_as_the_full_path(repo):
+    forms = [{}, {"outputs": ["OUTPUT1", "OUTPUT0"]}, {"outputs": ["OUTPUT1"]}, {"request_id": "req-7"},
+             {"version": "1"}]
+    rng = np.random.default_rng(3)
+    async with serving(repo) as (fast, fast_infer), serving(repo, express=False) as (full, full_infer):
+        assert served(full) == -1
+        for kw in forms:
+            for _ in range(6):
+                data, a, b = simple(rng, **kw)
+                got, want = await call(fast_infer, data), await call(full_infer, data)
+                assert got[0] == grpc.StatusCode.OK and got == want
+                answer = pb.ModelInferResponse.FromString(got[3])
+                expect = {"OUTPUT0": a + b, "OUTPUT1": a - b}
+                for out, raw in zip(answer.outputs, answer.raw_output_contents):
+                    assert np.array_equal(np.frombuffer(raw, np.int32).reshape(1, 16), expect[out.name])
+        # each form: the first decoded in full, the second learns its skeleton, the third its plan
+        assert served(fast) == len(forms) * 3
+        got, want = await stats(fast, "simple"), await stats(full, "simple")
+        assert (got["inference_count"], got["execution_count"]) == (want["inference_count"], want["execution_count"])
+        for key in ("success", "fail", "queue", "compute_infer"):
+            assert got["inference_stats"][key]["count"] == want["inference_stats"][key]["count"], key
+        assert got["inference_stats"]["success"]["count"] == len(forms) * 6
+
+
+@pytest.mark.asyncio
+async def test_a_failed_run_gives_the_full_paths_status_and_count(repo):
+    async with serving(repo) as (fast, fast_infer), serving(repo, express=False) as (full, full_infer):
+        for index in (1, 2, 3, 4):
+            got, want = await call(fast_infer, gather(index)), await call(full_infer, gather(index))
+            assert got[0] == grpc.StatusCode.OK and got == want
+        before = served(fast)
+        got, want = await call(fast_infer, gather(100)), await call(full_infer, gather(100))
+        assert served(fast) == before + 1
+        assert got == want and got[0] == grpc.StatusCode.INTERNAL
+        assert got[1].startswith("model 'gather': inference failed on lane cpu.")
+        got, want = await call(fast_infer, gather(9)), await call(full_infer, gather(9))
+        assert got[0] == grpc.StatusCode.OK and got == want
+        got, want = await stats(fast, "gather"), await stats(full, "gather")
+        assert got["inference_stats"]["fail"]["count"] == want["inference_stats"]["fail"]["count"] == 1
+        assert got["inference_stats"]["success"]["count"] == want["inference_stats"]["success"]["count"] == 5
+
+
+@pytest.mark.asyncio
+async def test_deadlines_compression_and_tokens_take_the_full_path(repo):
+    """A call with a deadline of its own, a compressed message and a wrong token are never served from a plan:
+    each gets the full path's answer or status; a plain call with the token is."""
+    rng = np.random.default_rng(9)
+    token = (("authorization", "Bearer s3cret"),)
+    async with serving(repo, auth_token="s3cret") as (fast, fast_infer), \
+            serving(repo, auth_token="s3cret", express=False) as (full, full_infer):
+        data, _, _ = simple(rng)
+
+        async def both(**kw) -> tuple:
+            got, want = await call(fast_infer, data, **kw), await call(full_infer, data, **kw)
+            assert got == want
+            return got
+
+        for _ in range(3):
+            assert (await both(metadata=token))[0] == grpc.StatusCode.OK
+        before = served(fast)
+        assert (await both(metadata=token, timeout=20))[0] == grpc.StatusCode.OK
+        assert (await both(metadata=token, compression=grpc.Compression.Gzip))[0] == grpc.StatusCode.OK
+        assert (await both(metadata=(("authorization", "Bearer nope"),)))[0] == \
+            grpc.StatusCode.UNAUTHENTICATED
+        assert served(fast) == before
+        assert (await both(metadata=token))[0] == grpc.StatusCode.OK
+        assert served(fast) == before + 1
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_call_costs_nobody_else(repo):
+    """`gather_pair` runs two requests together and keeps a lone one waiting: a client cancels its call while it
+    waits; the next pair is answered, each with its own rows, and only the answered requests are counted."""
+    async with serving(repo) as (app, infer):
+        async def pair(i: int, j: int) -> list:
+            return await asyncio.gather(call(infer, gather(i, "gather_pair")),
+                                        call(infer, gather(j, "gather_pair")))
+
+        for i, j in ((1, 2), (3, 4)):  # learn the plan
+            assert [r[0] for r in await pair(i, j)] == [grpc.StatusCode.OK] * 2
+        before = served(app)
+        lone = infer(gather(7, "gather_pair"))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TIMEOUT_S
+        while served(app) == before:  # until the server has taken it (its state in this process)
+            assert loop.time() < deadline, "the lone call was never served from its plan"
+            await asyncio.sleep(0.005)
+        lone.cancel()
+        batcher = app.dataplane.express_model("gather_pair").executor.batcher
+        while True:  # until the server has seen the cancel: its request's future is done, and purged from the queue
+            batcher.purge_done()
+            if not batcher.pending:
+                break
+            assert loop.time() < deadline, "the cancelled call stayed queued"
+            await asyncio.sleep(0.005)
+        answers = await pair(5, 6)
+        for index, (code, _, _, raw) in zip((5, 6), answers):
+            assert code == grpc.StatusCode.OK
+            answer = pb.ModelInferResponse.FromString(raw)
+            assert np.array_equal(np.frombuffer(answer.raw_output_contents[0], np.float32), TABLE[index])
+        assert (await stats(app, "gather_pair"))["inference_stats"]["success"]["count"] == 6
+
+
+@pytest.mark.asyncio
+async def test_a_reloaded_or_unloaded_model_is_not_served_from_an_old_plan(repo):
+    rng = np.random.default_rng(11)
+    async with serving(repo, model_control_mode="explicit", load_models=("simple",)) as (app, infer):
+        async def one() -> tuple:
+            data, a, b = simple(rng)
+            got = await call(infer, data)
+            if got[0] == grpc.StatusCode.OK:
+                answer = pb.ModelInferResponse.FromString(got[3])
+                assert np.array_equal(np.frombuffer(answer.raw_output_contents[0], np.int32).reshape(1, 16), a + b)
+            return got
+
+        for _ in range(4):
+            assert (await one())[0] == grpc.StatusCode.OK
+        assert served(app) == 1
+        await app.dataplane.load_model("simple", {})
+        assert (await one())[0] == grpc.StatusCode.OK
+        assert served(app) == 1  # a new model: the full path, which plans it again
+        assert (await one())[0] == grpc.StatusCode.OK
+        assert served(app) == 2
+        await app.dataplane.unload_model("simple")
+        code, details, _, _ = await one()
+        assert code != grpc.StatusCode.OK and "simple" in details
+        assert served(app) == 2
