@@ -28,6 +28,27 @@ def build_repository(root: Path) -> Path:
     return root
 
 
+GATHER_TABLE = [[4 * r + c for c in range(4)] for r in range(10)]  # the rows `gather` models index (FP32 10 x 4)
+
+
+def gather_repository(root: Path) -> Path:
+    """`build_repository`'s models and two whose onnxruntime run fails on an index out of range (CPU lanes: the CPU
+    Gather checks its indices): `gather`, and `gather_pair`, which runs two requests together and keeps a lone one
+    waiting (up to 10 s) for its partner."""
+    import numpy as np
+
+    root = build_repository(root)
+    table = np.array(GATHER_TABLE, dtype=np.float32)
+    cpu = 'instance_group [ { kind: KIND_CPU } ]\n'
+    mb.gather(root / "gather" / "1" / "model.onnx", table)
+    (root / "gather" / "config.pbtxt").write_text('name: "gather"\nmax_batch_size: 8\n' + cpu)
+    mb.gather(root / "gather_pair" / "1" / "model.onnx", table)
+    (root / "gather_pair" / "config.pbtxt").write_text(
+        'name: "gather_pair"\nmax_batch_size: 8\n'
+        'dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 10000000 }\n' + cpu)
+    return root
+
+
 def cnn_repository(root: Path, max_batch_size: int = 64, queue_size: int = 0) -> Path:
     """`cnn` (batched, no queue delay, optional `max_queue_size`) and `simple`: a model slow enough
     to keep requests queued or in flight, beside a fast one."""

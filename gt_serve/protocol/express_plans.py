@@ -15,13 +15,14 @@ plane serving its model straight from its queue (`DataPlane.express_model`). The
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from ..errors import GtServeError
 from ..types import InferRequest, Tensor
 
-_now_ns = time.monotonic_ns
+now_ns = time.monotonic_ns  # the clock of DataPlane.express_failed
 ANSWER_SHAPES = 16  # answers kept per plan, by output shapes (a model with dynamic output dims has several)
 _PLANNED_PARAMETERS = frozenset({"binary_data_output"})
 
@@ -88,7 +89,21 @@ class Plan:
             self.answers[shapes] = head
 
 
-def outcome(future) -> tuple[list | None, BaseException | None]:
-    """(the outputs, None) or (None, the error) of a done, not cancelled, express future."""
-    exc = future.exception()
-    return (None, exc) if exc is not None else (future.result(), None)
+def settle(future, plan: Plan, dataplane: Any, start_ns: int, answer: Callable[[Plan, list], Any],
+           failed: Callable[[BaseException], Any], reply: Callable[[Any], None]) -> None:
+    """An express request's future is done: `reply` with `answer(plan, its outputs)`, or with `failed(error)` (a
+    GtServeError counted as the full path counts it; anything else, a bug, answered all the same); nothing when it
+    was cancelled (its call or connection went away)."""
+    if future.cancelled():
+        return
+    try:
+        exc = future.exception()
+        if exc is None:
+            result = answer(plan, plan.outputs(future.result()))
+        else:
+            if isinstance(exc, GtServeError):
+                dataplane.express_failed(plan.model, start_ns)
+            result = failed(exc)
+    except Exception as exc:  # noqa: BLE001 - the request must get an answer
+        result = failed(exc)
+    reply(result)

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from ..errors import GtServeError
 from ..types import InferRequest, InferResponse
 from .codec import raw_from_array
-from .express_plans import Plan, _now_ns, outcome, plannable
+from .express_plans import Plan, now_ns, plannable, settle
 from .http_messages import Request, Response, json_error
 from .http_templates import AnswerTemplates
 from .status import http_headers, http_status
@@ -101,7 +101,7 @@ class HttpExpress:
         if model is not plan.model:  # reloaded, unloaded, or no longer served here alone: the full path decides
             del self._plans[key]
             return None
-        start_ns = _now_ns()
+        start_ns = now_ns()
         try:
             future = self._dp.express_submit(model, plan.feeds(body), plan.batch_size, plan.shape_key, plan.priority)
         except GtServeError:  # a full queue, an unloading model: the full path gives the error and counts it
@@ -109,24 +109,10 @@ class HttpExpress:
         except Exception as exc:  # noqa: BLE001 - a bug below: answered as the full path answers it (a 500)
             future = asyncio.get_running_loop().create_future()
             future.set_exception(exc)
-        future.add_done_callback(lambda f: self._answer(f, plan, reply, start_ns, req))
+        future.add_done_callback(lambda f: settle(f, plan, self._dp, start_ns, self._response,
+                                                  lambda exc: error_response(exc, f"{req.method} {req.path}"), reply))
         self.served += 1
         return future
-
-    def _answer(self, future, plan: Plan, reply: Callable[[Response], None], start_ns: int, req: Request) -> None:
-        if future.cancelled():  # the connection went away
-            return
-        try:
-            arrays, exc = outcome(future)
-            if exc is None:
-                response = self._response(plan, plan.outputs(arrays))
-            else:
-                if isinstance(exc, GtServeError):
-                    self._dp.express_failed(plan.model, start_ns)
-                response = error_response(exc, f"{req.method} {req.path}")
-        except Exception as exc:  # noqa: BLE001 - the connection must get an answer
-            response = error_response(exc, f"{req.method} {req.path}")
-        reply(response)
 
     def _response(self, plan: Plan, outputs: list) -> Response:
         shapes = tuple([a.shape for a in outputs])

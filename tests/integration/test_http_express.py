@@ -20,26 +20,16 @@ import pytest
 
 from gt_serve.app import App
 from gt_serve.config_layers import load_config
-from gt_serve.testing import model_builders as mb
-from tests.models import build_repository
+from tests.models import GATHER_TABLE, gather_repository
 
 TIMEOUT_S = 30.0
 BOTH = ["OUTPUT0", "OUTPUT1"]
-TABLE = np.arange(40, dtype=np.float32).reshape(10, 4)
+TABLE = np.array(GATHER_TABLE, dtype=np.float32)
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    root = build_repository(tmp_path_factory.mktemp("express_repo"))
-    cpu = 'instance_group [ { kind: KIND_CPU } ]\n'  # onnxruntime's CPU Gather checks its indices
-    mb.gather(root / "gather" / "1" / "model.onnx", TABLE)
-    (root / "gather" / "config.pbtxt").write_text('name: "gather"\nmax_batch_size: 8\n' + cpu)
-    # two single-row requests make a batch; a lone one waits (up to 10 s) for its partner
-    mb.gather(root / "gather_pair" / "1" / "model.onnx", TABLE)
-    (root / "gather_pair" / "config.pbtxt").write_text(
-        'name: "gather_pair"\nmax_batch_size: 8\n'
-        'dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 10000000 }\n' + cpu)
-    return root
+    return gather_repository(tmp_path_factory.mktemp("express_repo"))
 
 
 @contextlib.asynccontextmanager
