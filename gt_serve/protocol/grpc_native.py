@@ -228,8 +228,12 @@ class GrpcConnection(H2Connection):
         self.release(stream, len(message))
         express = stream.method[3]
         if express is not None and not flag:  # a ModelInfer that may be served from its plan (grpc_express.py)
-            stream.task = express.serve(message, stream.deadline_handle is not None,
-                                        lambda result: self._express_reply(stream, result))
+            try:
+                stream.task = express.serve(message, stream.deadline_handle is not None,
+                                            lambda result: self._express_reply(stream, result))
+            except Exception:  # noqa: BLE001 - a bug there must not end the connection: the call is served in full
+                log.exception("express lane failed; served the full way")
+                stream.task = None
             if stream.task is not None:
                 return
         stream.task = self._loop.create_task(self._run_unary(stream, flag, message))

@@ -147,7 +147,11 @@ class _Connection(RequestParsing, asyncio.Protocol):
     def _enqueue(self, item) -> None:
         if self._express is not None and not self._busy and not self._queue and not self._paused \
                 and type(item) is Request:
-            pending = self._express(item, self._express_reply)
+            try:
+                pending = self._express(item, self._express_reply)
+            except Exception:  # a bug there must not turn into a parse error: the worker serves it
+                _log.exception("express lane failed on %r; served the full way", item)
+                pending = None
             if pending is not None:
                 self._busy = True
                 self._express_pending, self._express_request = pending, item
