@@ -213,6 +213,11 @@ class _Connection(RequestParsing, asyncio.Protocol):
                     await self._waiter
                     self._waiter = None
                     continue
+                if self._paused & _PAUSE_WRITE:  # an express answer, written before the worker woke, filled the buffer
+                    self._drain_waiter = self._loop.create_future()
+                    await self._drain_waiter
+                    self._drain_waiter = None
+                    continue
                 item = queue.popleft()
                 if self._paused & _PAUSE_PIPELINE and len(queue) < _MAX_PIPELINE // 2:
                     self._resume(_PAUSE_PIPELINE)
