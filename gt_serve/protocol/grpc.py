@@ -187,17 +187,27 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """The coroutine answering one stream message; a message that does not parse ends the call (Abort)."""
         if self._trace_settings.active:
             return self._stream_one(_parsed(data), context.time_remaining(), context.invocation_metadata())
+        remaining_s = context.time_remaining()
+        express = None if self.express is None else self.express.stream_call(data, remaining_s is not None)
+        if express is not None:  # served from its plan (grpc_express.py)
+            return self._stream_answer(express, data)
         try:
-            request = self._templates.decode(data, context.time_remaining())
+            request = self._templates.decode(data, remaining_s)
         except MessageNotParsed as exc:
             raise _call_status(exc) from None
         except GtServeError as exc:
             return self._stream_failed(exc, data)
-        return self._stream_answer(request, data)
+        return self._stream_answer(self._infer_parts(request, data, remaining_s is not None), data)
 
-    async def _stream_answer(self, request, data: bytes) -> list | bytes:
+    async def _infer_parts(self, request, data: bytes, deadline: bool) -> list:
+        response = await self._dp.infer(request)
+        if request.form is not None and self.express is not None:  # made from a skeleton: may be planned
+            self.express.learn(data, request, response, deadline)
+        return self._answers.encode_parts(response)
+
+    async def _stream_answer(self, parts, data: bytes) -> list | bytes:  # parts: an awaitable of the pieces
         try:
-            return stream_answer(self._answers.encode_parts(await self._dp.infer(request)))
+            return stream_answer(await parts)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported on the stream, which stays open

@@ -1,4 +1,5 @@
-"""The gRPC express lane (our own transport): a repeated ModelInfer served from its plan, without a task per call.
+"""The gRPC express lane (our own transport): a repeated ModelInfer served from its plan, without a task per call
+(and a ModelStreamInfer message, inside the stream's machinery: `stream_call`).
 
 Once a ModelInfer message has been served the full way (`InferenceServicer.ModelInferBytes`: decoded from a
 skeleton, checked, queued, answered from an answer template) and may be planned (protocol/express_plans.py), its
@@ -107,6 +108,21 @@ class GrpcExpress:
     def serve(self, data, deadline: bool, reply: Callable[[Any], None]) -> Any:
         """Submit the ModelInfer message `data` from its plan and return its future (cancel it if the call ends);
         `reply(pieces or Abort)` comes from the batch's completion. None when it must take the full path."""
+        submitted = self._submit(data, deadline)
+        if submitted is None:
+            return None
+        future, plan, start_ns = submitted
+        future.add_done_callback(lambda f: settle(f, plan, self._dp, start_ns, self._pieces, abort_for, reply))
+        return future
+
+    def stream_call(self, data, deadline: bool):
+        """A ModelStreamInfer message served from its plan: a coroutine giving its answer's pieces (raising what the
+        full path raises, a failure counted as there), or None when it must take the full path."""
+        submitted = self._submit(data, deadline)
+        return None if submitted is None else self._stream_answer(*submitted)
+
+    def _submit(self, data, deadline: bool) -> tuple | None:
+        """(future, plan, start) of the message `data` submitted from its plan, or None (nothing was done)."""
         if deadline or self._trace_settings.active:
             return None
         layout = self._layout(data)
@@ -125,9 +141,16 @@ class GrpcExpress:
         except Exception as exc:  # noqa: BLE001 - a bug below: answered as the full path answers it (INTERNAL)
             future = asyncio.get_running_loop().create_future()
             future.set_exception(exc)
-        future.add_done_callback(lambda f: settle(f, plan, self._dp, start_ns, self._pieces, abort_for, reply))
         self.served += 1
-        return future
+        return future, plan, start_ns
+
+    async def _stream_answer(self, future, plan: Plan, start_ns: int) -> list:
+        try:
+            arrays = await future
+        except GtServeError:
+            self._dp.express_failed(plan.model, start_ns)
+            raise
+        return self._pieces(plan, plan.outputs(arrays))
 
     def _pieces(self, plan: Plan, outputs: list) -> list:
         shapes = tuple([a.shape for a in outputs])

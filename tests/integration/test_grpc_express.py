@@ -209,3 +209,37 @@ async def test_a_reloaded_or_unloaded_model_is_not_served_from_an_old_plan(repo)
         code, details, _, _ = await one()
         assert code != grpc.StatusCode.OK and "simple" in details
         assert served(app) == 2
+
+
+@pytest.mark.asyncio
+async def test_stream_messages_are_answered_as_the_full_path_answers_them(repo):
+    """ModelStreamInfer: messages of one planned form, one of them failing in onnxruntime's run, sent one at a time
+    on one stream to each server: the same answers, byte for byte (a failure as the stream's error answer, the
+    stream going on), the same counts."""
+    indices = [1, 2, 3, 4, 100, 5, 6]
+    async with serving(repo) as (fast, _), serving(repo, express=False) as (full, _):
+        answers = {}
+        for app in (fast, full):
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.ports['grpc']}")
+            call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")()
+            got = []
+            for index in indices:
+                await call.write(gather(index))
+                got.append(await asyncio.wait_for(call.read(), TIMEOUT_S))
+            await call.done_writing()
+            assert await call.code() == grpc.StatusCode.OK
+            await channel.close()
+            answers[app] = got
+        assert answers[fast] == answers[full]
+        for index, raw in zip(indices, answers[fast]):
+            answer = pb.ModelStreamInferResponse.FromString(raw)
+            if index == 100:
+                assert answer.error_message.startswith("model 'gather': inference failed on lane cpu.")
+            else:
+                assert not answer.error_message
+                out = answer.infer_response.raw_output_contents[0]
+                assert np.array_equal(np.frombuffer(out, np.float32), TABLE[index])
+        assert served(fast) == len(indices) - 3  # the third message's answer planned the form
+        got, want = await stats(fast, "gather"), await stats(full, "gather")
+        for key in ("success", "fail"):
+            assert got["inference_stats"][key]["count"] == want["inference_stats"][key]["count"], key
