@@ -35,6 +35,7 @@ from .status import grpc_status, grpc_trailers
 log = logging.getLogger(__name__)
 _RAW_INPUT_CONTENTS_TAG = b"\x3a"  # field 7 of ModelInferRequest, length-delimited
 _RAW_OUTPUT_CONTENTS_TAG = b"\x32"  # field 6 of ModelInferResponse
+_SAME_LENGTH = 8  # plans kept per message length
 
 
 def abort_for(exc: BaseException) -> Abort:
@@ -95,7 +96,9 @@ class GrpcExpress:
         model, checked, picks = planned
         layout = _Layout(Plan(model, request, checked, picks, starts), bytes(data[:head_end]), tuple(entries))
         same_length = self._plans.setdefault(len(data), [])
-        same_length[:] = [known for known in same_length if known.head != layout.head] + [layout]
+        # the newest few of one length: a message is compared with each (a client of many forms of one length
+        # must not make every message of that length compare against hundreds)
+        same_length[:] = ([known for known in same_length if known.head != layout.head] + [layout])[-_SAME_LENGTH:]
         self._count += 1
 
     def _layout(self, data) -> _Layout | None:
