@@ -60,7 +60,7 @@ class HttpExpress:
         """The JSON part's length when the request could be planned or served from a plan, else None."""
         headers = req.headers
         value = headers.get("inference-header-content-length")
-        if value is None or not value.isdigit() or req.method != "POST" or "content-encoding" in headers \
+        if value is None or not (value.isascii() and value.isdigit()) or req.method != "POST" or "content-encoding" in headers \
                 or "accept-encoding" in headers or self._trace_settings.active:
             return None
         n = int(value)

@@ -73,7 +73,8 @@ def infer_bytes(path: str, inputs: dict, *, outputs: list[str] | None = None, pa
     body = head + b"".join(a.tobytes() for _, a in inputs.values())
     fields = {"Host": "127.0.0.1", "Content-Type": "application/octet-stream",
               "Inference-Header-Content-Length": str(len(head)), "Content-Length": str(len(body)), **(headers or {})}
-    return (f"POST {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items()) + "\r\n").encode() + body
+    head = f"POST {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items()) + "\r\n"
+    return head.encode("latin-1") + body
 
 
 def get_bytes(path: str, headers: dict | None = None) -> bytes:
@@ -270,7 +271,7 @@ async def test_a_client_that_goes_away_while_its_request_waits_costs_nobody_else
 
 
 @pytest.mark.asyncio
-async def test_compression_and_tokens_take_the_full_path(repo):
+async def test_compression_and_tokens_take_the_full_path(repo, caplog):
     """Accept-Encoding (the answer may be compressed) and a wrong token are never served from a plan: both get the
     full path's answer (the wrong token a 401); the right token is served from the plan."""
     rng = np.random.default_rng(9)
@@ -292,6 +293,9 @@ async def test_compression_and_tokens_take_the_full_path(repo):
         # (an answer this small is not compressed: what matters is that the full path decides)
         assert (await both({**token, "Accept-Encoding": "gzip"}))[0] == 200
         assert (await both({"Authorization": "Bearer nope"}))[0] == 401
+        # a length in digits that are not ASCII ('²' is a digit to str.isdigit, not to int): the full path's 400
+        assert (await both({**token, "Inference-Header-Content-Length": "\u00b2"}))[0] == 400
+        assert not [r for r in caplog.records if "express lane failed" in r.getMessage()]  # refused, not crashed
         assert served(fast) == before
         assert (await both(token))[0] == 200
         assert served(fast) == before + 1
