@@ -32,7 +32,7 @@ Everything else is `async def`, whether or not it waits (one contract: the trans
   unload_model(name, unload_dependents=False) -> None
   shm_register(name, key, offset, byte_size) / shm_unregister(name="") / shm_status(name="") -> [{"name","key","offset","byte_size"}]
   cuda_shm_register(name, raw_handle: bytes, device_id, byte_size) / cuda_shm_unregister(name="") / cuda_shm_status(name="") -> [...]
-The HTTP front end's express lane (protocol/http_express.py), sync, for a request of a form checked on a model:
+The front ends' express lanes (protocol/express_plans.py), sync, for a request of a form checked on a model:
   express_model(name, version="") -> LoadedModel | None   the model a plain request goes straight to, else None
   express_submit(model, feeds, batch_size, shape_key, priority) -> Future of the outputs in model order
   express_failed(model, start_ns)                          count a failure as infer does
@@ -187,7 +187,7 @@ class DataPlane:
         echo = {k: v for k, v in request.parameters.items() if k not in _NOT_ECHOED} if request.parameters else {}
         return InferResponse(model.name, model.version, request.id, response_outputs, echo)
 
-    # -- the HTTP front end's express lane (protocol/http_express.py) -------------------------------------------
+    # -- the front ends' express lanes (protocol/express_plans.py) ---------------------------------------------
     def express_model(self, name: str, version: str = "") -> LoadedModel | None:
         """The loaded model that `infer` would hand a plain request for `name` / `version` to at once (`_infer_here`:
         its queue, nothing else), or None where anything else decides: draining, a pipeline or ensemble of that name,
