@@ -1,6 +1,7 @@
 """Shared fixtures: real gt-serve processes on free loopback ports over a generated repository."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@contextlib.asynccontextmanager
+async def in_process_server(repo: Path, **server):
+    """A real gt-serve App in this process over `repo`, on free loopback ports, for tests that read its state (what
+    it served, how); `server`: server-section keys (metrics off unless given)."""
+    from gt_serve.app import App
+    from gt_serve.config_layers import load_config
+
+    cfg = load_config(None, {"model_repository": str(repo), "http_port": 0, "grpc_port": 0, "metrics_port": 0,
+                             "allow_metrics": False, **server}, environ={})
+    app = App(cfg)
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop()
+
+
+def assert_same_counts(got: dict, want: dict) -> None:
+    """Two servers' statistics of one model (`model_stats` entries) count the same inferences, executions,
+    successes, failures, queue and compute records."""
+    assert (got["inference_count"], got["execution_count"]) == (want["inference_count"], want["execution_count"])
+    for key in ("success", "fail", "queue", "compute_infer"):
+        assert got["inference_stats"][key]["count"] == want["inference_stats"][key]["count"], key
 
 
 def start_server(repo: Path, tmp: Path, *extra: str, env: dict | None = None, timeout_s: float = 90.0) -> ServerProcess:

@@ -14,6 +14,7 @@ plane serving its model straight from its queue (`DataPlane.express_model`). The
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Callable
 
@@ -74,6 +75,19 @@ class Plan:
         """The request's inputs, as arrays over `buffer` (the message)."""
         return {name: np.frombuffer(buffer, dtype, count, start).reshape(shape)
                 for name, dtype, count, start, shape in self.inputs}
+
+    def submit(self, dataplane: Any, model: Any, buffer) -> Any:
+        """The request in `buffer` (the message) queued on `model` (`express_model`'s, this plan's): its future; None
+        when the queue refuses it (a full queue, an unloading model: the full path gives that error and counts it).
+        A bug below is answered as the full path answers one: the future holds it."""
+        try:
+            return dataplane.express_submit(model, self.feeds(buffer), self.batch_size, self.shape_key, self.priority)
+        except GtServeError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - see above
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(exc)
+            return future
 
     def outputs(self, arrays: list) -> list:
         """The returned outputs of a batch's per-request result (model order), in the answer's order."""

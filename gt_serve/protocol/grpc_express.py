@@ -17,7 +17,6 @@ bytes (tests/integration/test_grpc_express.py), a failure its status (`abort_for
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Callable
 
@@ -137,13 +136,9 @@ class GrpcExpress:
             self._plans[len(data)].remove(layout)
             return None
         start_ns = now_ns()
-        try:
-            future = self._dp.express_submit(model, plan.feeds(data), plan.batch_size, plan.shape_key, plan.priority)
-        except GtServeError:  # a full queue, an unloading model: the full path gives the status and counts it
+        future = plan.submit(self._dp, model, data)
+        if future is None:
             return None
-        except Exception as exc:  # noqa: BLE001 - a bug below: answered as the full path answers it (INTERNAL)
-            future = asyncio.get_running_loop().create_future()
-            future.set_exception(exc)
         self.served += 1
         return future, plan, start_ns
 

@@ -16,7 +16,6 @@ completion records them; a failure is counted here as `_infer_here` counts it) a
 """
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 from typing import Any, Callable
@@ -60,8 +59,8 @@ class HttpExpress:
         """The JSON part's length when the request could be planned or served from a plan, else None."""
         headers = req.headers
         value = headers.get("inference-header-content-length")
-        if value is None or not (value.isascii() and value.isdigit()) or req.method != "POST" or "content-encoding" in headers \
-                or "accept-encoding" in headers or self._trace_settings.active:
+        if value is None or not (value.isascii() and value.isdigit()) or req.method != "POST" \
+                or "content-encoding" in headers or "accept-encoding" in headers or self._trace_settings.active:
             return None
         n = int(value)
         if n == 0 or n > self._max_json_bytes or n > len(req.body):
@@ -102,13 +101,9 @@ class HttpExpress:
             del self._plans[key]
             return None
         start_ns = now_ns()
-        try:
-            future = self._dp.express_submit(model, plan.feeds(body), plan.batch_size, plan.shape_key, plan.priority)
-        except GtServeError:  # a full queue, an unloading model: the full path gives the error and counts it
+        future = plan.submit(self._dp, model, body)
+        if future is None:
             return None
-        except Exception as exc:  # noqa: BLE001 - a bug below: answered as the full path answers it (a 500)
-            future = asyncio.get_running_loop().create_future()
-            future.set_exception(exc)
         future.add_done_callback(lambda f: settle(f, plan, self._dp, start_ns, self._response,
                                                   lambda exc: error_response(exc, f"{req.method} {req.path}"), reply))
         self.served += 1

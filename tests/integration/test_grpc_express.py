@@ -14,7 +14,7 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from gt_serve.app import App
-from gt_serve.config_layers import load_config
+from tests.conftest import assert_same_counts, in_process_server
 from tests.models import GATHER_TABLE, gather_repository
 
 TIMEOUT_S = 30.0
@@ -29,16 +29,12 @@ def repo(tmp_path_factory) -> Path:
 
 @contextlib.asynccontextmanager
 async def serving(repo: Path, **server):
-    cfg = load_config(None, {"model_repository": str(repo), "http_port": 0, "grpc_port": 0, "metrics_port": 0,
-                             "allow_http": False, "allow_metrics": False, **server}, environ={})
-    app = App(cfg)
-    await app.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.ports['grpc']}")
-    try:
-        yield app, channel.unary_unary(INFER)  # bytes in, bytes out
-    finally:
-        await channel.close()
-        await app.stop()
+    async with in_process_server(repo, allow_http=False, **server) as app:
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.ports['grpc']}")
+        try:
+            yield app, channel.unary_unary(INFER)  # bytes in, bytes out
+        finally:
+            await channel.close()
 
 
 def served(app: App) -> int:
@@ -100,9 +96,7 @@ async def test_same_bytes_and_statistics_as_the_full_path(repo):
         # each form: the first decoded in full, the second learns its skeleton, the third its plan
         assert served(fast) == len(forms) * 3
         got, want = await stats(fast, "simple"), await stats(full, "simple")
-        assert (got["inference_count"], got["execution_count"]) == (want["inference_count"], want["execution_count"])
-        for key in ("success", "fail", "queue", "compute_infer"):
-            assert got["inference_stats"][key]["count"] == want["inference_stats"][key]["count"], key
+        assert_same_counts(got, want)
         assert got["inference_stats"]["success"]["count"] == len(forms) * 6
 
 

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from gt_serve.app import App
-from gt_serve.config_layers import load_config
+from tests.conftest import assert_same_counts, in_process_server
 from tests.models import GATHER_TABLE, gather_repository
 
 TIMEOUT_S = 30.0
@@ -32,16 +32,8 @@ def repo(tmp_path_factory) -> Path:
     return gather_repository(tmp_path_factory.mktemp("express_repo"))
 
 
-@contextlib.asynccontextmanager
-async def serving(repo: Path, **server):
-    cfg = load_config(None, {"model_repository": str(repo), "http_port": 0, "grpc_port": 0, "metrics_port": 0,
-                             "allow_grpc": False, "allow_metrics": False, **server}, environ={})
-    app = App(cfg)
-    await app.start()
-    try:
-        yield app
-    finally:
-        await app.stop()
+def serving(repo: Path, **server):
+    return in_process_server(repo, allow_grpc=False, **server)
 
 
 async def until(condition, message: str) -> None:
@@ -171,9 +163,7 @@ async def test_same_bytes_and_statistics_as_the_full_path(repo):
         # first form, whose outputs go back as JSON (no binary_data asked): its answers are encoded each time
         assert served(fast) == (len(forms) - 1) * 3
         got, want = await stats(fast, "simple"), await stats(full, "simple")
-        assert (got["inference_count"], got["execution_count"]) == (want["inference_count"], want["execution_count"])
-        for key in ("success", "fail", "queue", "compute_infer"):
-            assert got["inference_stats"][key]["count"] == want["inference_stats"][key]["count"], key
+        assert_same_counts(got, want)
         assert got["inference_stats"]["success"]["count"] == len(forms) * 6
 
 
