@@ -2,10 +2,18 @@
 
 They enforce the limits on a request's head (`_MAX_HEAD_BYTES`, 414 / 431) and body (the server's
 `max_body_bytes`, 413), answer `Expect: 100-continue`, collect the body (a large one in one growing
-bytearray) and move the connection through its reading phases, which the connection's timeouts
-follow. Their own module so that `http_server.py` holds the connection's queue, worker, writes, flow
-control and timeouts, and the server; the methods are mixed into the connection (as `h2/output.py`
-is into the HTTP/2 one), so httptools calls them directly, at no cost per request.
+bytearray) and move the connection through its reading phases, whose timeouts (408, idle close) are
+here too. Their own module so that `http_server.py` holds the connection's queue, worker, writes and
+flow control, and the server; the methods are mixed into the connection (as `h2/output.py` is into
+the HTTP/2 one), so httptools calls them directly, at no cost per request.
+
+**Heads seen before.** perf_analyzer, and any client that repeats a request with new tensor data, sends
+the same request line and headers byte for byte each time. A head whose request the express lane took
+(read whole, in one piece, on an idle connection) is remembered (`KnownHead`, per server); the same
+bytes read the same way, with a body of the same length, are offered to the lane as the `Request` the
+parser would have made, without the parser's callbacks and header decoding (issue #17). The same bytes
+in the same parser state parse the same, so this is only a shortcut: anything the lane declines, and
+anything else, is parsed.
 """
 from __future__ import annotations
 
@@ -21,6 +29,20 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 PHASE_IDLE, PHASE_HEAD, PHASE_BODY = 0, 1, 2
 
 
+_MAX_KNOWN_HEAD = 8192  # request heads longer than this are not remembered
+_KNOWN_HEADS = 64  # heads remembered per server (all forgotten when full)
+
+
+class KnownHead:
+    """What a request head, byte for byte, parsed to, with the length of its Content-Length body."""
+
+    __slots__ = ("method", "path", "query", "headers", "version", "body_bytes")
+
+    def __init__(self, req: Request) -> None:
+        self.method, self.path, self.query, self.headers = req.method, req.path, req.query_string, req.headers
+        self.version, self.body_bytes = req.http_version, len(req.body)
+
+
 class _StopParsing(Exception):
     """Raised inside a parser callback once a final error response has been queued."""
 
@@ -30,6 +52,7 @@ class RequestParsing:
     being parsed) and whose `_fail`, `_enqueue` and `_finish_reading` it calls."""
 
     def on_message_begin(self) -> None:
+        self._messages += 1
         if self._phase == PHASE_IDLE:
             self._phase = PHASE_HEAD
             self._phase_deadline_s = self._loop.time() + self._server._header_timeout_s
@@ -122,3 +145,60 @@ class RequestParsing:
         self._enqueue(req)
         if not keep_alive:
             self._finish_reading()
+
+    # ---- the reading phases' timeouts ----
+    def _check_timeout(self) -> None:
+        self._timer = None
+        if self._transport is None:
+            return
+        server = self._server
+        now = self._loop.time()
+        step = server._check_interval_s
+        if self._busy or self._queue:
+            deadline = now + step
+        elif self._phase == PHASE_IDLE:
+            deadline = self._last_activity_s + server._idle_timeout_s
+            if now >= deadline:
+                self._transport.close()
+                return
+            # the state may change (idle -> mid-request) before the deadline: look again by then
+            deadline = min(deadline, now + step)
+        else:
+            deadline = self._phase_deadline_s
+            if now >= deadline:
+                head = self._phase == PHASE_HEAD
+                limit_s = server._header_timeout_s if head else server._body_timeout_s
+                self._fail(408, f"request {'headers' if head else 'body'} not received within {limit_s:g} s")
+                return
+            deadline = min(deadline, now + step)
+        self._timer = self._loop.call_at(deadline, self._check_timeout)
+
+    # ---- request heads seen before (the express lane's) ----
+    def _serve_known_head(self, heads: dict, data: bytes) -> bool:
+        """`data`, read on an idle connection, is one whole request whose head is byte for byte one the express lane
+        took: offered to the lane as the parser would have given it, unparsed. False when the parser must read it."""
+        end = data.find(b"\r\n\r\n", 0, _MAX_KNOWN_HEAD) + 4
+        known = heads.get(data[:end]) if end > 4 else None
+        if known is None or len(data) - end != known.body_bytes or self._server._closing:
+            return False
+        req = Request(known.method, known.path, known.query, known.headers, data[end:], True, known.version)
+        if self._offer_express(req):
+            self._server.known_heads_served += 1
+            return True
+        del heads[data[:end]]  # declined (a stale plan, tracing on): the parser reads it and the full path decides
+        return False
+
+    def _learn_head(self, heads: dict, data: bytes) -> None:
+        """`data` was exactly one request, begun on an idle connection, and the express lane took it: remember its
+        head, when the same bytes would always parse to the same request (a kept-alive one, a Content-Length body
+        and nothing to answer before it: no Expect)."""
+        req = self._express_request
+        body, headers = req.body, req.headers
+        end = data.find(b"\r\n\r\n", 0, _MAX_KNOWN_HEAD) + 4
+        if end == 3 or len(data) - end != len(body) or not req.keep_alive \
+                or headers.get("content-length") != str(len(body)) or "expect" in headers \
+                or "transfer-encoding" in headers:
+            return
+        if len(heads) >= _KNOWN_HEADS:
+            heads.clear()
+        heads[data[:end]] = KnownHead(req)

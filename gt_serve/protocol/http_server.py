@@ -20,6 +20,7 @@ An optional `express(request, reply)` callable serves a request without the work
 arrives on an idle connection (nothing queued or running, reading and writing not paused), it returns a
 cancellable pending object, and later calls `reply(response)`, or None to leave the request to the worker. While
 it runs the connection is busy: requests behind it queue, and the worker takes them once its response is written.
+A request whose head, byte for byte, the express lane took before is offered to it unparsed (http_parsing.py).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from typing import Any, Awaitable, Callable
 import httptools
 
 from .http_messages import Request, Response, json_error, part_nbytes, response_bytes, response_head
-from .http_parsing import CONTINUE, PHASE_HEAD, PHASE_IDLE, RequestParsing
+from .http_parsing import CONTINUE, PHASE_HEAD, RequestParsing
 
 _log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class _Connection(RequestParsing, asyncio.Protocol):
         self._last_activity_s = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._rejected = False
+        self._messages = 0  # requests begun
         # the request being parsed
         self._url = b""
         self._headers: dict[str, str] = {}
@@ -120,6 +122,11 @@ class _Connection(RequestParsing, asyncio.Protocol):
         if self._done:
             return
         self._last_activity_s = self._loop.time()
+        heads = self._server._known_heads
+        idle = heads is not None and not self._in_message and not self._busy and not self._queue and not self._paused
+        if idle and heads and self._serve_known_head(heads, data):
+            return
+        begun = self._messages
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -128,6 +135,9 @@ class _Connection(RequestParsing, asyncio.Protocol):
             if not self._done:  # not already answered by a callback
                 cause = exc.__context__ if isinstance(exc.__context__, Exception) else exc
                 self._fail(400, f"malformed HTTP request: {cause}")
+        if idle and self._express_request is not None and self._messages == begun + 1 and not self._in_message \
+                and not self._done:
+            self._learn_head(heads, data)  # `data` was that one request, whole
 
     def eof_received(self) -> bool:
         """The client half-closed: answer what was received, then close."""
@@ -146,22 +156,27 @@ class _Connection(RequestParsing, asyncio.Protocol):
     # ---- request queue and worker ----
     def _enqueue(self, item) -> None:
         if self._express is not None and not self._busy and not self._queue and not self._paused \
-                and type(item) is Request:
-            try:
-                pending = self._express(item, self._express_reply)
-            except Exception:  # a bug there must not turn into a parse error: the worker serves it
-                _log.exception("express lane failed on %r; served the full way", item)
-                pending = None
-            if pending is not None:
-                self._busy = True
-                self._express_pending, self._express_request = pending, item
-                return
+                and type(item) is Request and self._offer_express(item):
+            return
         self._queue.append(item)
         if len(self._queue) >= _MAX_PIPELINE:
             self._pause(_PAUSE_PIPELINE)
         if self._express_pending is not None:
             return  # the worker takes it once the express response is written
         self._wake_worker()
+
+    def _offer_express(self, item: Request) -> bool:
+        """Offer `item` to the express lane (the connection is idle); True when the lane took it."""
+        try:
+            pending = self._express(item, self._express_reply)
+        except Exception:  # a bug there must not turn into a parse error: the worker serves it
+            _log.exception("express lane failed on %r; served the full way", item)
+            return False
+        if pending is None:
+            return False
+        self._busy = True
+        self._express_pending, self._express_request = pending, item
+        return True
 
     def _wake_worker(self) -> None:
         if self._worker is None:
@@ -277,7 +292,7 @@ class _Connection(RequestParsing, asyncio.Protocol):
         else:
             transport.writelines([head, *parts])
 
-    # ---- flow control, timeouts, shutdown ----
+    # ---- flow control, shutdown (the timeouts are in http_parsing.py) ----
     def _pause(self, reason: int) -> None:
         if not self._paused and self._transport is not None:
             self._transport.pause_reading()
@@ -288,31 +303,6 @@ class _Connection(RequestParsing, asyncio.Protocol):
         self._paused &= ~reason
         if was and not self._paused and self._transport is not None and not self._done:
             self._transport.resume_reading()
-
-    def _check_timeout(self) -> None:
-        self._timer = None
-        if self._transport is None:
-            return
-        server = self._server
-        now = self._loop.time()
-        step = server._check_interval_s
-        if self._busy or self._queue:
-            deadline = now + step
-        elif self._phase == PHASE_IDLE:
-            deadline = self._last_activity_s + server._idle_timeout_s
-            if now >= deadline:
-                self._transport.close()
-                return
-            # the state may change (idle -> mid-request) before the deadline: look again by then
-            deadline = min(deadline, now + step)
-        else:
-            deadline = self._phase_deadline_s
-            if now >= deadline:
-                self._fail(408, f"request {'headers' if self._phase == PHASE_HEAD else 'body'} not received within "
-                                f"{server._header_timeout_s if self._phase == PHASE_HEAD else server._body_timeout_s:g} s")
-                return
-            deadline = min(deadline, now + step)
-        self._timer = self._loop.call_at(deadline, self._check_timeout)
 
     def shutdown(self) -> None:
         """Server is closing: finish the queued requests, then close."""
@@ -339,6 +329,9 @@ class HttpServer:
                  body_timeout_s: float | None = None) -> None:
         self._handler = handler
         self._express = express
+        # request heads, byte for byte, that the express lane took (http_parsing.KnownHead): not parsed again
+        self._known_heads: dict[bytes, Any] | None = {} if express is not None else None
+        self.known_heads_served = 0
         self._max_body_bytes = max_body_bytes
         self._max_connections = max_connections
         self._idle_timeout_s = idle_timeout_s

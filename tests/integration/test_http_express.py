@@ -49,6 +49,11 @@ def served(app: App) -> int:
     return app.http._express.served
 
 
+def unparsed(app: App) -> int:
+    """Requests offered to the express lane unparsed, their heads known (http_parsing.KnownHead), and taken."""
+    return app.http._server.known_heads_served
+
+
 def infer_bytes(path: str, inputs: dict, *, outputs: list[str] | None = None, params: dict | None = None,
                 request_id: str | None = None, headers: dict | None = None) -> bytes:
     """One binary-extension infer request as it goes on the wire (JSON part, then the tensors)."""
@@ -162,6 +167,7 @@ async def test_same_bytes_and_statistics_as_the_full_path(repo):
         # each form: the first request decoded in full, the second learns its skeleton, the third its plan; not the
         # first form, whose outputs go back as JSON (no binary_data asked): its answers are encoded each time
         assert served(fast) == (len(forms) - 1) * 3
+        assert unparsed(fast) == (len(forms) - 1) * 2  # the first express one of each form taught its head
         got, want = await stats(fast, "simple"), await stats(full, "simple")
         assert_same_counts(got, want)
         assert got["inference_stats"]["success"]["count"] == len(forms) * 6
@@ -317,10 +323,59 @@ async def test_a_reloaded_or_unloaded_model_is_not_served_from_an_old_plan(repo)
         assert served(app) == 1  # a new model: the full path, which plans it again
         assert (await infer())[0] == 200
         assert served(app) == 2
+        assert unparsed(app) == 0  # the head known from the old plan was offered, declined, and parsed
         (status, _, body, _), = await conn.send(
             b"POST /v2/repository/models/simple/unload HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
         assert status == 200, body
         status, _, body, _ = await infer()
         assert status >= 400 and "simple" in orjson.loads(body)["error"]
-        assert served(app) == 2
+        assert served(app) == 2 and unparsed(app) == 0
         await conn.close()
+
+
+@pytest.mark.asyncio
+async def test_a_head_seen_before_is_not_parsed_again_and_answers_the_same(repo):
+    """A request whose line and headers repeat byte for byte one the express lane took is offered to it unparsed,
+    when it arrives whole: the same answers as the full path. A head that arrives before its body is parsed; a head
+    with `Connection: close` or `Expect: 100-continue` is never remembered (the same bytes would not be answered the
+    same way: a close, a 100 Continue first)."""
+    rng = np.random.default_rng(13)
+
+    def req(**headers) -> tuple[bytes, np.ndarray]:
+        a, b = simple_pair(rng)
+        return infer_bytes("/v2/models/simple/infer", {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)},
+                           outputs=BOTH, headers=headers), a + b
+
+    async with serving(repo) as fast, serving(repo, express=False) as full:
+        conns = [await Connection.open(fast), await Connection.open(full)]
+        for _ in range(8):
+            request, total = req()
+            (got,), (want,) = [await c.send(request) for c in conns]
+            assert got[0] == 200 and got[3] == want[3]
+            assert np.array_equal(outputs_of(got[2], got[1])["OUTPUT0"], total)
+        assert served(fast) == 5 and unparsed(fast) == 4
+        server = fast.http._server
+        # the head first, the body once the server is reading it: parsed
+        request, total = req()
+        split = request.index(b"\r\n\r\n") + 4
+        conns[0].writer.write(request[:split])
+        await until(lambda: any(c._in_message for c in server._connections), "the head was never read")
+        (got,) = await conns[0].send(request[split:])
+        assert got[0] == 200 and np.array_equal(outputs_of(got[2], got[1])["OUTPUT0"], total)
+        assert served(fast) == 6 and unparsed(fast) == 4
+        for c in conns:
+            await c.close()
+        known = len(server._known_heads)
+        for headers in ({"Connection": "close"}, {"Expect": "100-continue"}):
+            for _ in range(5):
+                conn = await Connection.open(fast)
+                request, total = req(**headers)
+                answers = await conn.send(request)
+                if "Expect" in headers:
+                    assert answers[0][0] == 100  # every time: the head is parsed
+                    answers = [await read_response(conn.reader)]
+                assert answers[0][0] == 200 and np.array_equal(outputs_of(answers[0][2], answers[0][1])["OUTPUT0"],
+                                                               total)
+                await conn.close()
+        assert len(server._known_heads) == known and unparsed(fast) == 4
+        assert served(fast) > 6  # served from their plans, parsed
