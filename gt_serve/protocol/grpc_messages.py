@@ -1,6 +1,7 @@
 """A gRPC call's request messages on the native transport (`grpc_native.py`): `Messages`, the queue a
-streaming handler iterates, `inflate_bounded` for gzip/deflate messages, and `Abort`, the error that
-ends a call with a status (raised by a handler, by decoding, or queued for a broken stream).
+streaming handler iterates, `inflate_bounded` for gzip/deflate messages, `Abort`, the error that
+ends a call with a status (raised by a handler, by decoding, or queued for a broken stream), and
+`CallContext`, what the servicer sees of the call (deadline, metadata, abort).
 
 Their own module: what a request message goes through between its reassembly from DATA frames (the
 connection) and the servicer's handler, apart from the HTTP/2 and dispatch state of the connection.
@@ -15,6 +16,28 @@ import grpc
 
 if TYPE_CHECKING:
     from .grpc_native import GrpcConnection, _GrpcStream
+
+
+class CallContext:
+    """The part of grpc.aio.ServicerContext the servicer uses, for a call on the native transport."""
+
+    __slots__ = ("_deadline", "_metadata", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deadline: float | None, metadata: tuple) -> None:
+        self._loop = loop
+        self._deadline = deadline
+        self._metadata = metadata
+
+    def time_remaining(self) -> float | None:
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - self._loop.time())
+
+    def invocation_metadata(self) -> tuple:
+        return self._metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
+        raise Abort(code, details, trailing_metadata)
 
 
 class Abort(grpc.aio.AbortError):

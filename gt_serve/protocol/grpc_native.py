@@ -1,24 +1,22 @@
-"""A gRPC transport of our own: gRPC over the HTTP/2 connection of `protocol/h2/`, serving the same
-`InferenceServicer` as the grpcio front end (`server.grpc_transport: native`).
+"""A gRPC transport of our own: gRPC over the HTTP/2 connection of `protocol/h2/`, serving the same `InferenceServicer`
+as the grpcio front end (`server.grpc_transport: native`).
 
-Why: grpcio's asyncio server costs ~0.4-0.5 ms of CPU per unary call on the 2-core development
-machine, four times the whole HTTP path, and the `h2` library's state machine alone ~0.34 ms
-(bench/grpc_transport_bench.py). The HTTP/2 layer parses frames straight from the socket buffer,
-decodes header blocks behind a bounded cache, and enforces every limit of `h2.limits.H2Limits`.
-This layer adds gRPC: length-prefixed messages reassembled linearly and refused as soon as their
-prefix announces more than `max_message_bytes`, gzip/deflate request messages inflated with a
-bound (off the event loop when large), `grpc-timeout` deadlines, metadata, bearer-token auth as the
-grpcio front end does it, trailers-only errors, unary and bidirectional-streaming methods, and a
-graceful stop (GOAWAY, then in-flight calls get the grace period). The request messages' queue,
-bounded inflation and `Abort` are in `grpc_messages.py`; the header and trailer blocks and
-`grpc-timeout` in `grpc_headers.py`.
+Why: grpcio's asyncio server costs ~0.4-0.5 ms of CPU per unary call on the 2-core development machine, four times
+the whole HTTP path, and the `h2` library's state machine alone ~0.34 ms (bench/grpc_transport_bench.py). The HTTP/2
+layer parses frames straight from the socket buffer, decodes header blocks behind a bounded cache, and enforces every
+limit of `h2.limits.H2Limits`. This layer adds gRPC: length-prefixed messages reassembled linearly and refused as
+soon as their prefix announces more than `max_message_bytes`, gzip/deflate request messages inflated with a bound
+(off the event loop when large), `grpc-timeout` deadlines, metadata, bearer-token auth as the grpcio front end does
+it, trailers-only errors, unary and bidirectional-streaming methods, and a graceful stop (GOAWAY, then in-flight
+calls get the grace period). What a call's header list means (method, deadline, encoding, metadata, auth) is worked
+out once per list the HPACK cache hands out (`_open`). The request messages' queue, bounded inflation, `Abort` and
+the call's context are in `grpc_messages.py`; the header and trailer blocks and `grpc-timeout` in `grpc_headers.py`.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 from dataclasses import replace
-from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
@@ -26,7 +24,7 @@ from tritonclient.grpc import service_pb2 as pb
 from ..tls import TlsFiles, server_context
 from .grpc import InferenceServicer, bearer_authorized, bearer_values
 from .grpc_headers import OK_TRAILERS_BLOCK, RESPONSE_HEADERS_BLOCK, parse_timeout, status_block
-from .grpc_messages import Abort, Messages, inflate_bounded
+from .grpc_messages import Abort, CallContext, Messages, inflate_bounded
 from .tracing import RequestTracer
 from .h2 import H2Connection, H2Limits, H2Stream
 from .h2.frames import PREFACE, u32, unpack_u32
@@ -37,29 +35,8 @@ __all__ = ["PREFACE", "NativeGrpcServer", "start_grpc_native"]
 log = logging.getLogger(__name__)
 
 _SERVICE = "/inference.GRPCInferenceService/"
+_OPENED_CACHE = 64  # header lists remembered per connection (all forgotten when full)
 _NOT_METADATA = frozenset(("content-type", "te", "user-agent", "grpc-accept-encoding", "grpc-timeout", "grpc-encoding"))
-
-
-class _Context:
-    """The part of grpc.aio.ServicerContext the servicer uses."""
-
-    __slots__ = ("_deadline", "_metadata", "_loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, deadline: float | None, metadata: tuple) -> None:
-        self._loop = loop
-        self._deadline = deadline
-        self._metadata = metadata
-
-    def time_remaining(self) -> float | None:
-        if self._deadline is None:
-            return None
-        return max(0.0, self._deadline - self._loop.time())
-
-    def invocation_metadata(self) -> tuple:
-        return self._metadata
-
-    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
-        raise Abort(code, details, trailing_metadata)
 
 
 class _GrpcStream(H2Stream):
@@ -69,7 +46,7 @@ class _GrpcStream(H2Stream):
     def __init__(self, sid: int, recv_window: int, send_window: int) -> None:
         super().__init__(sid, recv_window, send_window)
         self.method: tuple | None = None  # (handler, parse, streaming)
-        self.context: _Context | None = None
+        self.context: CallContext | None = None
         self.encoding: str | None = None
         self.prefix = b""  # the 5-byte message prefix, while incomplete
         self.need = -1  # length of the message being assembled (-1: reading a prefix)
@@ -110,12 +87,35 @@ def _pieces(response) -> list:
 class GrpcConnection(H2Connection):
     """One HTTP/2 connection carrying gRPC calls."""
 
+    def __init__(self, server) -> None:
+        super().__init__(server)
+        self._opened: dict[int, tuple] = {}  # id(header list) -> what it means for a call (`_open`)
+
     def new_stream(self, sid: int) -> _GrpcStream:
         return _GrpcStream(sid, self._limits.stream_window_bytes, self._peer_window)
 
     # ---- requests ----
     def stream_opened(self, stream: _GrpcStream, headers: list) -> None:
-        path = timeout = None
+        # a header list the HPACK cache gave before (the same object: repeated blocks decode to it) means the same
+        opened = self._opened.get(id(headers))
+        if opened is None or opened[0] is not headers:
+            opened = self._open(stream, headers)
+            if opened is None:
+                return
+        _, method, timeout, stream.encoding, metadata = opened
+        deadline = None
+        if timeout is not None:
+            deadline = self._loop.time() + timeout
+            stream.deadline_handle = self._loop.call_at(deadline, self._deadline_passed, stream)
+        stream.method = method
+        stream.context = CallContext(self._loop, deadline, metadata)
+        if method[2]:  # streaming: the handler runs from now on and reads messages as they come
+            stream.messages = Messages(self, stream)
+            stream.task = self._loop.create_task(self._run_streaming(stream))
+
+    def _open(self, stream: _GrpcStream, headers: list) -> tuple | None:
+        """(headers, method, timeout, encoding, metadata) of a call's headers, or None when they end it at once."""
+        path = timeout = encoding = None
         metadata = []
         for name, value in headers:
             if name[0] == ":":
@@ -124,29 +124,24 @@ class GrpcConnection(H2Connection):
             elif name == "grpc-timeout":
                 timeout = parse_timeout(value)
             elif name == "grpc-encoding":
-                stream.encoding = value
+                stream.encoding = encoding = value
             elif name not in _NOT_METADATA:
                 metadata.append((name, value))
         server = self._server
         method = server.methods.get(path)
         if method is None:
             return self.finish(stream, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path}")
-        if stream.encoding not in (None, "identity", "gzip", "deflate"):
-            return self.finish(stream, grpc.StatusCode.UNIMPLEMENTED,
-                               f"unsupported grpc-encoding '{stream.encoding}'")
+        if encoding not in (None, "identity", "gzip", "deflate"):
+            return self.finish(stream, grpc.StatusCode.UNIMPLEMENTED, f"unsupported grpc-encoding '{encoding}'")
         metadata = tuple(metadata)
         if not server.authorized(path, metadata):
             return self.finish(stream, grpc.StatusCode.UNAUTHENTICATED,
                                "missing or invalid bearer token in 'authorization'")
-        deadline = None
-        if timeout is not None:
-            deadline = self._loop.time() + timeout
-            stream.deadline_handle = self._loop.call_at(deadline, self._deadline_passed, stream)
-        stream.method = method
-        stream.context = _Context(self._loop, deadline, metadata)
-        if method[2]:  # streaming: the handler runs from now on and reads messages as they come
-            stream.messages = Messages(self, stream)
-            stream.task = self._loop.create_task(self._run_streaming(stream))
+        opened = self._opened
+        if len(opened) >= _OPENED_CACHE:
+            opened.clear()
+        opened[id(headers)] = known = (headers, method, timeout, encoding, metadata)  # holds the list: ids stay
+        return known
 
     def stream_data(self, stream: _GrpcStream, data: bytes) -> None:
         """Split DATA into length-prefixed messages: each byte is copied at most once (into the
@@ -154,6 +149,11 @@ class GrpcConnection(H2Connection):
         if stream.finished or stream.method is None:
             return
         end = len(data)
+        if stream.need < 0 and not stream.prefix and end >= 5 and unpack_u32(data, 1)[0] == end - 5 \
+                and end - 5 <= self._limits.max_message_bytes:  # one whole message, as a unary call sends it
+            stream.flag = data[0]
+            self.hold(stream, end - 5)
+            return self._message(stream, data[5:])
         pos = 0
         while pos < end:
             if stream.need < 0:

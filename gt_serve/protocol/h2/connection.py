@@ -19,13 +19,11 @@ from .flow import FlowState, ReceiveFlow
 from .frames import (
     ACK,
     CONTINUATION,
-    DATA,
     DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
     ENHANCE_YOUR_CALM,
     FRAME_SIZE_ERROR,
-    HEADERS,
     INTERNAL_ERROR,
     NO_ERROR,
     PADDED,
@@ -100,9 +98,9 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
         self._opened_s = self._last_read_s = self._paused_since_s = now
         self._partial_since_s: float | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._on = {DATA: self._on_data, HEADERS: self._on_headers, CONTINUATION: self._on_continuation}
-        self._on_control = (None, None, self._on_priority, self._on_rst_stream, self._on_settings,
-                            self._on_push_promise, self._on_ping, self._on_goaway, self._on_window_update)
+        self._on = (self._on_data, self._on_headers, self._on_priority, self._on_rst_stream, self._on_settings,
+                    self._on_push_promise, self._on_ping, self._on_goaway, self._on_window_update,
+                    self._on_continuation)  # by frame type
 
     # ---- hooks for the layer above ----
     def new_stream(self, sid: int) -> H2Stream:
@@ -195,12 +193,19 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
 
     def _process(self) -> None:
         next_frame = self._reader.next_frame
+        on = self._on
         try:
             while not self._write_paused:
                 parsed = next_frame()
                 if parsed is None:
                     break
-                self._on_frame(*parsed)
+                if self._continuation is None and self._state == _OPEN and parsed[0] <= CONTINUATION:
+                    try:  # `_on_frame`, without its checks that this state passes
+                        on[parsed[0]](parsed[1], parsed[2], parsed[3])
+                    except H2StreamError as exc:
+                        self.reset_stream(parsed[2], exc.code)
+                else:
+                    self._on_frame(*parsed)
                 if self._transport is None:
                     return
         except H2ConnectionError as exc:
@@ -222,11 +227,8 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
                 raise H2ConnectionError(PROTOCOL_ERROR, "the first frame must be SETTINGS")
             self._state = _OPEN
         try:
-            handler = self._on.get(kind)
-            if handler is not None:
-                handler(flags, sid, payload)
-            elif kind < len(self._on_control):
-                self._on_control[kind](flags, sid, payload)
+            if kind <= CONTINUATION:
+                self._on[kind](flags, sid, payload)
             else:  # unknown frame types are ignored (RFC 9113 5.5), but not without limit
                 self._control.frame(self._loop.time())
         except H2StreamError as exc:
@@ -293,7 +295,8 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
             raise H2ConnectionError(ENHANCE_YOUR_CALM, f"header block over {self._limits.max_header_block_bytes} bytes")
 
     def _headers_complete(self, sid: int, flags: int, block: bytes) -> None:
-        self._check_block(len(block))
+        if len(block) > self._limits.max_header_block_bytes:
+            self._check_block(len(block))
         headers = self._headers.decode(block)  # always: the HPACK table must follow the peer's
         stream = self.streams.get(sid)
         if stream is not None:  # trailers

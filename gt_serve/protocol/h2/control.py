@@ -57,11 +57,12 @@ class ControlFrames:
         if not self._resets.take(now_s):
             raise H2ConnectionError(ENHANCE_YOUR_CALM, "too many stream resets")
 
-    def earned(self, now_s: float) -> None:
+    def earned(self, clock) -> None:
+        """A PING, WINDOW_UPDATE or SETTINGS ACK: free within the allowance, else drawn at `clock()`."""
         if self._allowance > 0:
             self._allowance -= 1
         else:
-            self.frame(now_s)
+            self.frame(clock())
 
     def allow(self, count: int) -> None:
         self._allowance = min(self._allowance + count, self._allowance_cap)
@@ -114,7 +115,7 @@ class ControlHandlers:
         if flags & ACK:
             if payload:
                 raise H2ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
-            return self._control.earned(self._loop.time())
+            return self._control.earned(self._loop.time)
         window = self._control.settings(self._loop.time(), payload, self)
         if window is not None and window != self._peer_window:
             delta = window - self._peer_window
@@ -137,7 +138,7 @@ class ControlHandlers:
             raise H2ConnectionError(PROTOCOL_ERROR, "PING on a stream")
         if len(payload) != 8:
             raise H2ConnectionError(FRAME_SIZE_ERROR, "PING length")
-        self._control.earned(self._loop.time())
+        self._control.earned(self._loop.time)
         if not flags & ACK:
             self._write(frame(PING, ACK, 0, payload))
 
@@ -153,7 +154,7 @@ class ControlHandlers:
     def _on_window_update(self, flags: int, sid: int, payload: bytes) -> None:
         if len(payload) != 4:
             raise H2ConnectionError(FRAME_SIZE_ERROR, "WINDOW_UPDATE length")
-        self._control.earned(self._loop.time())
+        self._control.earned(self._loop.time)
         increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
         if sid == 0:
             if increment == 0:
@@ -161,7 +162,9 @@ class ControlHandlers:
             self._conn_send_window += increment
             if self._conn_send_window > MAX_WINDOW:
                 raise H2ConnectionError(FLOW_CONTROL_ERROR, "connection window overflow")
-            return self._flush_blocked()
+            if self._blocked:
+                self._flush_blocked()
+            return
         stream = self.streams.get(sid)
         if stream is None:
             if sid > self._last_sid:

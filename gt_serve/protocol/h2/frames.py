@@ -25,6 +25,7 @@ HEADER_BYTES = 9
 u32 = struct.Struct(">I").pack
 unpack_u32 = struct.Struct(">I").unpack_from
 _setting = struct.Struct(">HI")
+_frame_head = struct.Struct(">IBI").pack
 
 
 def varint(n: int) -> bytes:
@@ -59,7 +60,8 @@ class H2StreamError(Exception):
 
 
 def frame_head(length: int, kind: int, flags: int, stream_id: int) -> bytes:
-    return bytes((length >> 16 & 0xFF, length >> 8 & 0xFF, length & 0xFF, kind, flags)) + u32(stream_id)
+    """The 9 bytes before a frame's payload: a 24-bit length and the type (one 32-bit word), flags, stream id."""
+    return _frame_head(length << 8 | kind, flags, stream_id)
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:

@@ -36,18 +36,20 @@ class StreamOutput:
         sid = stream.sid
         size = sum(map(len, data))
         stream.done = trailers is not None
-        if (not stream.pending and not self._write_paused and size <= self._peer_max_frame
-                and size <= stream.send_window and size <= self._conn_send_window):
-            parts = [self._header_frames(sid, head, False)] if head else []
+        limit = self._peer_max_frame
+        if (not stream.pending and not self._write_paused and size <= limit and size <= stream.send_window
+                and size <= self._conn_send_window and len(head or b"") <= limit and len(trailers or b"") <= limit):
+            # the usual response: each part in one frame, written with the rest of this loop turn's output
+            parts = [frame_head(len(head), HEADERS, END_HEADERS, sid), head] if head else []
             if data:
                 stream.send_window -= size
                 self._conn_send_window -= size
                 parts.append(frame_head(size, DATA, 0, sid))
-                parts.extend(data)
+                parts += data
                 self._control.allow(2)
             if trailers is not None:
-                parts.append(self._header_frames(sid, trailers, True))
-            self._write_soon(parts)
+                parts += (frame_head(len(trailers), HEADERS, END_HEADERS | END_STREAM, sid), trailers)
+            self._write_soon(parts, size + 27 + len(head or b"") + len(trailers or b""))
             if stream.done:
                 self._closed(stream)
             return
@@ -71,7 +73,7 @@ class StreamOutput:
         out.append(frame(CONTINUATION, END_HEADERS, sid, chunks[-1]))
         return b"".join(out)
 
-    def _write_soon(self, pieces: list) -> None:
+    def _write_soon(self, pieces: list, size: int) -> None:
         """Queue a stream's response frames (the pieces of their bytes): everything queued in one turn of the event
         loop goes out in one transport write at the end of it (`flush_output`). The responses of a batch that
         finished together, on one connection carrying many streams (gRPC clients multiplex their calls), cost one
@@ -82,7 +84,7 @@ class StreamOutput:
         if not outbox:
             self._loop.call_soon(self.flush_output)
         outbox += pieces
-        self._outbox_bytes += sum(map(len, pieces))
+        self._outbox_bytes += size  # the pieces' bytes, or a few more: it only decides when to join them
 
     def flush_output(self) -> None:
         """Write what `_write_soon` queued; before the transport is closed, call this first. Small pieces are
