@@ -115,7 +115,8 @@ def http_side(pkg: str, loop, requests: int):
     server._loop = loop
     conn = server_mod._Connection(server)
     conn.connection_made(_Transport())
-    json_part = b'{"inputs":[{"name":"INPUT0","shape":[1,256],"datatype":"FP32","parameters":{"binary_data_size":1024}}]}'
+    json_part = (b'{"inputs":[{"name":"INPUT0","shape":[1,256],"datatype":"FP32",'
+                 b'"parameters":{"binary_data_size":1024}}]}')
     body = json_part + b"\x07" * 1024
     head = (f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nUser-Agent: libcurl-agent/1.0\r\n"
             f"Accept: */*\r\nContent-Type: application/octet-stream\r\nInference-Header-Content-Length: "
