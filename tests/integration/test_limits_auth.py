@@ -272,6 +272,13 @@ def test_grpc_requires_the_bearer_token(auth_server):
             assert call({"authorization": f"Bearer {TOKEN}"}), what
         result = client.infer("simple", grpc_simple_inputs(), headers={"authorization": f"Bearer {TOKEN}"})
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 16), 2, np.int32))
+        # one connection, right and wrong tokens in turn: each call gets what its own header list says (the native
+        # transport keeps what a list means per list; HPACK makes a repeated one the same block)
+        for _ in range(3):
+            assert client.infer("simple", grpc_simple_inputs(), headers={"authorization": f"Bearer {TOKEN}"})
+            with pytest.raises(InferenceServerException) as info:
+                client.infer("simple", grpc_simple_inputs(), headers={"authorization": "Bearer wrong"})
+            assert info.value.status() == "StatusCode.UNAUTHENTICATED"
         # health stays open
         assert client.is_server_live() and client.is_server_ready()
     finally:
