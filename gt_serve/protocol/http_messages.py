@@ -24,7 +24,9 @@ class Request:
         self.path = path
         self.query_string = query_string
         self.headers = headers  # lower-cased names; repeated headers joined with ", "
-        self.body = body  # bytes, or a bytearray for a body of http_parsing._BUFFER_BODY_BYTES or more
+        # bytes, or a bytearray for a body of http_parsing._BUFFER_BODY_BYTES or more (a memoryview of what was read
+        # for one offered to the express lane unparsed: http_parsing.KnownHead)
+        self.body = body
         self.keep_alive = keep_alive
         self.http_version = http_version
 

@@ -181,7 +181,9 @@ class RequestParsing:
         known = heads.get(data[:end]) if end > 4 else None
         if known is None or len(data) - end != known.body_bytes or self._server._closing:
             return False
-        req = Request(known.method, known.path, known.query, known.headers, data[end:], True, known.version)
+        # the body a view of what was read (not a copy: only the express lane sees it, which reads it in place)
+        req = Request(known.method, known.path, known.query, known.headers, memoryview(data)[end:], True,
+                      known.version)
         if self._offer_express(req):
             self._server.known_heads_served += 1
             return True
