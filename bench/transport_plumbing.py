@@ -3,7 +3,8 @@ of the native gRPC transport, fed the bytes perf_analyzer's requests come as, wi
 each at once (no model, no batching, no socket). What is left is the transport's plumbing: parsing, frames, flow
 control, streams, the answer's framing (issue #17, tenth pass).
 
-    python bench/transport_plumbing.py [--transport grpc|http] [--requests 40000] [--ref ../other-checkout]
+    python bench/transport_plumbing.py [--transport grpc|http] [--requests 40000] [--tensor-bytes 1024]
+                                       [--ref ../other-checkout]
 
 With `--ref`, the other checkout's `gt_serve` is imported too, as `gt_serve_ref` (a copy whose absolute imports are
 renamed), and the two are timed in alternating slices in this one process: on this shared machine separate runs of
@@ -31,7 +32,7 @@ import hpack  # noqa: E402
 from common import emit  # noqa: E402
 
 _SERVICE = "/inference.GRPCInferenceService/"
-_MESSAGE = b"\x0a\x03mlp" + b"\x07" * 1100  # about mlp's ModelInfer request
+_MESSAGE_HEAD = b"\x0a\x03mlp" + b"\x05" * 76  # about the fields of mlp's ModelInfer request before its tensor
 _ANSWER = [b"\x0a\x03mlp", b"\x01" * 40]
 _PER_CHUNK = 4  # requests per received chunk (gRPC clients multiplex calls on one connection)
 
@@ -81,7 +82,7 @@ class _GrpcStubServer:
         pass
 
 
-def grpc_side(pkg: str, loop, requests: int):
+def grpc_side(pkg: str, loop, requests: int, tensor_bytes: int):
     """(a connection past its handshake, the chunks of `requests` unary calls as grpc-core sends them)."""
     native = importlib.import_module(pkg + ".protocol.grpc_native")
     f = importlib.import_module(pkg + ".protocol.h2.frames")
@@ -92,16 +93,17 @@ def grpc_side(pkg: str, loop, requests: int):
     headers = [(":method", "POST"), (":scheme", "http"), (":path", _SERVICE + "ModelInfer"),
                (":authority", "127.0.0.1:8001"), ("te", "trailers"), ("content-type", "application/grpc"),
                ("user-agent", "grpc-c++/1.48"), ("grpc-accept-encoding", "identity,deflate,gzip")]
+    message = _MESSAGE_HEAD + b"\x07" * tensor_bytes
     calls = []
     for i in range(requests):
         sid = 2 * i + 1  # HEADERS, DATA with the message, and the two WINDOW_UPDATEs grpc-core sends per answer
         calls.append(f.frame(f.HEADERS, f.END_HEADERS, sid, encoder.encode(headers))
-                     + f.frame(f.DATA, f.END_STREAM, sid, b"\x00" + f.u32(len(_MESSAGE)) + _MESSAGE)
+                     + f.frame(f.DATA, f.END_STREAM, sid, b"\x00" + f.u32(len(message)) + message)
                      + f.frame(f.WINDOW_UPDATE, 0, 0, f.u32(60)) + f.frame(f.WINDOW_UPDATE, 0, sid, f.u32(60)))
     return conn, [b"".join(calls[i:i + _PER_CHUNK]) for i in range(0, requests, _PER_CHUNK)]
 
 
-def http_side(pkg: str, loop, requests: int):
+def http_side(pkg: str, loop, requests: int, tensor_bytes: int):
     """(a connection, one chunk per request as perf_analyzer's libcurl sends it); its express lane answers each on
     the next turn of the loop, as a batch's completion would."""
     server_mod = importlib.import_module(pkg + ".protocol.http_server")
@@ -116,8 +118,8 @@ def http_side(pkg: str, loop, requests: int):
     conn = server_mod._Connection(server)
     conn.connection_made(_Transport())
     json_part = (b'{"inputs":[{"name":"INPUT0","shape":[1,256],"datatype":"FP32",'
-                 b'"parameters":{"binary_data_size":1024}}]}')
-    body = json_part + b"\x07" * 1024
+                 b'"parameters":{"binary_data_size":%d}}]}' % tensor_bytes)
+    body = json_part + b"\x07" * tensor_bytes
     head = (f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nUser-Agent: libcurl-agent/1.0\r\n"
             f"Accept: */*\r\nContent-Type: application/octet-stream\r\nInference-Header-Content-Length: "
             f"{len(json_part)}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
@@ -139,7 +141,7 @@ async def run(args) -> None:
     loop = asyncio.get_running_loop()
     pkgs = ["gt_serve"] + ([import_ref(Path(args.ref).resolve())] if args.ref else [])
     make = grpc_side if args.transport == "grpc" else http_side
-    sides = {pkg: make(pkg, loop, args.requests) for pkg in pkgs}
+    sides = {pkg: make(pkg, loop, args.requests, args.tensor_bytes) for pkg in pkgs}
     per_request = 1 if args.transport == "http" else _PER_CHUNK
     slices = 40
     times: dict[str, list[float]] = {pkg: [] for pkg in pkgs}
@@ -157,6 +159,7 @@ async def run(args) -> None:
         values.sort()
         summary[pkg] = fast = sum(values[:slices // 4]) / (slices // 4)
         emit({"checkout": "this" if pkg == "gt_serve" else args.ref, "transport": args.transport,
+              "tensor_bytes": args.tensor_bytes,
               "us_per_request_fastest_quarter": round(fast, 2), "us_per_request_median": round(values[slices // 2], 2)})
     if args.ref:
         print(f"this / ref: {summary['gt_serve'] / summary['gt_serve_ref']:.3f}x (fastest quarters)")
@@ -166,6 +169,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transport", choices=("grpc", "http"), default="grpc")
     ap.add_argument("--requests", type=int, default=40000)
+    ap.add_argument("--tensor-bytes", type=int, default=1024, help="the input tensor's bytes (convnet: 49152)")
     ap.add_argument("--ref", help="another checkout, timed against this one in the same process")
     args = ap.parse_args()
     try:
