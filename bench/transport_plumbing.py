@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import importlib
 import re
 import shutil
@@ -129,6 +130,7 @@ def http_side(pkg: str, loop, requests: int, tensor_bytes: int):
 def import_ref(root: Path) -> str:
     """`root`'s gt_serve, copied as gt_serve_ref (absolute imports renamed) onto sys.path: its package name."""
     dest = Path(tempfile.mkdtemp(prefix="gt_serve_ref_"))
+    atexit.register(shutil.rmtree, dest, True)
     shutil.copytree(root / "gt_serve", dest / "gt_serve_ref", ignore=shutil.ignore_patterns("__pycache__"))
     for path in (dest / "gt_serve_ref").rglob("*.py"):
         text = path.read_text()
