@@ -124,7 +124,7 @@ class GrpcConnection(H2Connection):
             elif name == "grpc-timeout":
                 timeout = parse_timeout(value)
             elif name == "grpc-encoding":
-                stream.encoding = encoding = value
+                encoding = value
             elif name not in _NOT_METADATA:
                 metadata.append((name, value))
         server = self._server

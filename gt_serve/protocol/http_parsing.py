@@ -33,6 +33,13 @@ _MAX_KNOWN_HEAD = 8192  # request heads longer than this are not remembered
 _KNOWN_HEADS = 64  # heads remembered per server (all forgotten when full)
 
 
+def _head_end(data) -> int:
+    """Where the head of the request at the start of `data` ends (after its blank line), or 0: not within
+    _MAX_KNOWN_HEAD bytes. What a known head is remembered by and looked up by."""
+    end = data.find(b"\r\n\r\n", 0, _MAX_KNOWN_HEAD)
+    return 0 if end <= 0 else end + 4
+
+
 class KnownHead:
     """What a request head, byte for byte, parsed to, with the length of its Content-Length body."""
 
@@ -177,8 +184,8 @@ class RequestParsing:
     def _serve_known_head(self, heads: dict, data: bytes) -> bool:
         """`data`, read on an idle connection, is one whole request whose head is byte for byte one the express lane
         took: offered to the lane as the parser would have given it, unparsed. False when the parser must read it."""
-        end = data.find(b"\r\n\r\n", 0, _MAX_KNOWN_HEAD) + 4
-        known = heads.get(data[:end]) if end > 4 else None
+        end = _head_end(data)
+        known = heads.get(data[:end]) if end else None
         if known is None or len(data) - end != known.body_bytes or self._server._closing:
             return False
         # the body a view of what was read (not a copy: only the express lane sees it, which reads it in place)
@@ -196,8 +203,8 @@ class RequestParsing:
         and nothing to answer before it: no Expect)."""
         req = self._express_request
         body, headers = req.body, req.headers
-        end = data.find(b"\r\n\r\n", 0, _MAX_KNOWN_HEAD) + 4
-        if end == 3 or len(data) - end != len(body) or not req.keep_alive \
+        end = _head_end(data)
+        if not end or len(data) - end != len(body) or not req.keep_alive \
                 or headers.get("content-length") != str(len(body)) or "expect" in headers \
                 or "transfer-encoding" in headers:
             return

@@ -199,13 +199,14 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
                 parsed = next_frame()
                 if parsed is None:
                     break
-                if self._continuation is None and self._state == _OPEN and parsed[0] <= CONTINUATION:
-                    try:  # `_on_frame`, without its checks that this state passes
-                        on[parsed[0]](parsed[1], parsed[2], parsed[3])
+                kind = parsed[0]
+                # the usual frame (a known type, on an open connection, no header block pending) needs no checks
+                if (self._continuation is None and self._state == _OPEN and kind <= CONTINUATION) \
+                        or self._admit(kind, parsed[1]):
+                    try:
+                        on[kind](parsed[1], parsed[2], parsed[3])
                     except H2StreamError as exc:
                         self.reset_stream(parsed[2], exc.code)
-                else:
-                    self._on_frame(*parsed)
                 if self._transport is None:
                     return
         except H2ConnectionError as exc:
@@ -219,20 +220,19 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
         else:
             self._partial_since_s = None
 
-    def _on_frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
+    def _admit(self, kind: int, flags: int) -> bool:
+        """Whether a frame that is not the usual kind goes to its handler: a connection error (raised) where the
+        connection's state forbids it; False for an unknown type, ignored (RFC 9113 5.5) but not without limit."""
         if self._continuation is not None and kind != CONTINUATION:
             raise H2ConnectionError(PROTOCOL_ERROR, "expected CONTINUATION")
         if self._state != _OPEN:
             if kind != SETTINGS or flags & ACK:
                 raise H2ConnectionError(PROTOCOL_ERROR, "the first frame must be SETTINGS")
             self._state = _OPEN
-        try:
-            if kind <= CONTINUATION:
-                self._on[kind](flags, sid, payload)
-            else:  # unknown frame types are ignored (RFC 9113 5.5), but not without limit
-                self._control.frame(self._loop.time())
-        except H2StreamError as exc:
-            self.reset_stream(sid, exc.code)
+        if kind <= CONTINUATION:
+            return True
+        self._control.frame(self._loop.time())
+        return False
 
     def _on_data(self, flags: int, sid: int, payload: bytes) -> None:
         size = len(payload)
