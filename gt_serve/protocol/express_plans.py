@@ -66,8 +66,9 @@ class Plan:
         self.picks = picks
         self.names = tuple(spec.output_order if picks is None else [spec.output_order[i] for i in picks])
         self.datatypes = tuple(spec.outputs[n].datatype for n in self.names)
-        # what an answer's encoding reads of a request: its id, requested outputs and parameters (no data)
-        self.request = InferRequest(request.model_name, request.model_version, form.request_id, [], form.outputs,
+        # what an answer's encoding reads of a request: its id (the transport's, for a plan keyed without the id),
+        # requested outputs and parameters (no data)
+        self.request = InferRequest(request.model_name, request.model_version, request.id, [], form.outputs,
                                     dict(form.params))
         self.answers: dict[tuple, Any] = {}  # output shapes -> the transport's encoded answer head
 
@@ -103,9 +104,10 @@ class Plan:
             self.answers[shapes] = head
 
 
-def settle(future, plan: Plan, dataplane: Any, start_ns: int, answer: Callable[[Plan, list], Any],
-           failed: Callable[[BaseException], Any], reply: Callable[[Any], None]) -> None:
-    """An express request's future is done: `reply` with `answer(plan, its outputs)`, or with `failed(error)` (a
+def settle(future, plan: Plan, request_id: str, dataplane: Any, start_ns: int,
+           answer: Callable[[Plan, str, list], Any], failed: Callable[[BaseException], Any],
+           reply: Callable[[Any], None]) -> None:
+    """An express request's future is done: `reply` with `answer(plan, its id, its outputs)`, or with `failed(error)` (a
     GtServeError counted as the full path counts it; anything else, a bug, answered all the same); nothing when it
     was cancelled (its call or connection went away)."""
     if future.cancelled():
@@ -113,7 +115,7 @@ def settle(future, plan: Plan, dataplane: Any, start_ns: int, answer: Callable[[
     try:
         exc = future.exception()
         if exc is None:
-            result = answer(plan, plan.outputs(future.result()))
+            result = answer(plan, request_id, plan.outputs(future.result()))
         else:
             if isinstance(exc, GtServeError):
                 dataplane.express_failed(plan.model, start_ns)

@@ -29,6 +29,7 @@ from .express_plans import Plan, now_ns, plannable, settle
 from .grpc_messages import Abort
 from .grpc_templates import GrpcAnswerTemplates, split_message
 from .h2.frames import varint
+from .request_forms import plain_id
 from .status import grpc_status, grpc_trailers
 
 log = logging.getLogger(__name__)
@@ -47,12 +48,26 @@ def abort_for(exc: BaseException) -> Abort:
 
 
 class _Layout:
-    __slots__ = ("plan", "head", "entries")
+    __slots__ = ("plan", "head", "id_at", "id_end", "rest", "entries")
 
-    def __init__(self, plan: Plan, head: bytes, entries: tuple) -> None:
+    def __init__(self, plan: Plan, data, head_end: int, id_field: tuple | None, entries: tuple) -> None:
         self.plan = plan
-        self.head = head  # the message's fields 1-6
         self.entries = entries  # (where an input's entry header lies, its bytes), in input order
+        if id_field is None or not plain_id(bytes(data[id_field[1]:id_field[2]])):
+            self.head = bytes(data[:head_end])  # the message's fields 1-6
+            self.id_at = self.id_end = -1
+            self.rest = b""
+        else:  # a plain id is each message's own: the fields before it and its tag and length, then after it
+            self.id_at, self.id_end = id_field[1], id_field[2]
+            self.head = bytes(data[:self.id_at])
+            self.rest = bytes(data[self.id_end:head_end])
+
+    def request_id(self, data) -> str | None:
+        """The id of a message of this layout (its plan's when fixed), or None when it is not plain."""
+        if self.id_at < 0:
+            return self.plan.request.id
+        raw = bytes(data[self.id_at:self.id_end])
+        return raw.decode("ascii") if plain_id(raw) else None
 
 
 class GrpcExpress:
@@ -77,7 +92,7 @@ class GrpcExpress:
         split = None if planned is None else split_message(data)
         if split is None:
             return
-        head_end, starts, sizes = split
+        head_end, starts, sizes, id_field = split
         if len(starts) != len(request.inputs):
             return
         entries, at = [], head_end
@@ -93,18 +108,27 @@ class GrpcExpress:
             self._plans.clear()
             self._count = 0
         model, checked, picks = planned
-        layout = _Layout(Plan(model, request, checked, picks, starts), bytes(data[:head_end]), tuple(entries))
+        layout = _Layout(Plan(model, request, checked, picks, starts), data, head_end, id_field, tuple(entries))
+        if layout.request_id(data) != request.id:
+            return
         same_length = self._plans.setdefault(len(data), [])
         # the newest few of one length: a message is compared with each (a client of many forms of one length
         # must not make every message of that length compare against hundreds)
-        same_length[:] = ([known for known in same_length if known.head != layout.head] + [layout])[-_SAME_LENGTH:]
+        same_length[:] = ([known for known in same_length if (known.head, known.rest) != (layout.head, layout.rest)]
+                          + [layout])[-_SAME_LENGTH:]
         self._count += 1
 
-    def _layout(self, data) -> _Layout | None:
+    def _layout(self, data) -> tuple[_Layout, str] | None:
+        """The layout of the message `data` and its id, or None."""
         for layout in self._plans.get(len(data), ()):
             head = layout.head
             if data[:len(head)] == head and all(data[at:at + len(h)] == h for at, h in layout.entries):
-                return layout
+                end = layout.id_end
+                if end >= 0 and data[end:end + len(layout.rest)] != layout.rest:
+                    continue
+                request_id = layout.request_id(data)
+                if request_id is not None:
+                    return layout, request_id
         return None
 
     def serve(self, data, deadline: bool, reply: Callable[[Any], None]) -> Any:
@@ -113,8 +137,9 @@ class GrpcExpress:
         submitted = self._submit(data, deadline)
         if submitted is None:
             return None
-        future, plan, start_ns = submitted
-        future.add_done_callback(lambda f: settle(f, plan, self._dp, start_ns, self._pieces, abort_for, reply))
+        future, plan, request_id, start_ns = submitted
+        future.add_done_callback(lambda f: settle(f, plan, request_id, self._dp, start_ns, self._pieces, abort_for,
+                                                  reply))
         return future
 
     def stream_call(self, data, deadline: bool):
@@ -124,12 +149,13 @@ class GrpcExpress:
         return None if submitted is None else self._stream_answer(*submitted)
 
     def _submit(self, data, deadline: bool) -> tuple | None:
-        """(future, plan, start) of the message `data` submitted from its plan, or None (nothing was done)."""
+        """(future, plan, id, start) of the message `data` submitted from its plan, or None (nothing was done)."""
         if deadline or self._trace_settings.active:
             return None
-        layout = self._layout(data)
-        if layout is None:
+        found = self._layout(data)
+        if found is None:
             return None
+        layout, request_id = found
         plan = layout.plan
         model = self._dp.express_model(plan.name, plan.version)
         if model is not plan.model:  # reloaded, unloaded, or no longer served here alone: the full path decides
@@ -140,26 +166,28 @@ class GrpcExpress:
         if future is None:
             return None
         self.served += 1
-        return future, plan, start_ns
+        return future, plan, request_id, start_ns
 
-    async def _stream_answer(self, future, plan: Plan, start_ns: int) -> list:
+    async def _stream_answer(self, future, plan: Plan, request_id: str, start_ns: int) -> list:
         try:
             arrays = await future
         except GtServeError:
             self._dp.express_failed(plan.model, start_ns)
             raise
-        return self._pieces(plan, plan.outputs(arrays))
+        return self._pieces(plan, request_id, plan.outputs(arrays))
 
-    def _pieces(self, plan: Plan, outputs: list) -> list:
+    def _pieces(self, plan: Plan, request_id: str, outputs: list) -> list:
         shapes = tuple([a.shape for a in outputs])
-        head = plan.answers.get(shapes)
-        if head is None:  # output shapes not seen yet: encoded as the full path encodes them
-            response = InferResponse(plan.model.name, plan.model.version, plan.request.id, plan.tensors(outputs), {})
+        known = plan.answers.get(shapes)
+        if known is None:  # output shapes not seen yet: encoded as the full path encodes them
+            response = InferResponse(plan.model.name, plan.model.version, request_id, plan.tensors(outputs), {})
             pieces = self._answers.encode_parts(response)
-            if self._answers.templated(response):
-                plan.keep_answer(shapes, self._answers.encode_parts(response)[0])
+            template = self._answers.template(response)
+            if template is not None:
+                plan.keep_answer(shapes, template)
             return pieces
-        pieces = [head]
+        before, after = known
+        pieces = [before if after is None else before + request_id.encode() + after]
         for a, datatype in zip(outputs, plan.datatypes):
             raw = raw_from_array(a, datatype)
             pieces += (_RAW_OUTPUT_CONTENTS_TAG, varint(len(raw)), raw)

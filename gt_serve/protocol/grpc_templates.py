@@ -15,6 +15,10 @@ carry no parameters, or were written to shared memory (their regions' parameters
 1-5 (model, version, id, outputs' names, datatypes and shapes), serialized once per such key, followed by one
 `raw_output_contents` entry per output: the bytes protobuf would have written, given as pieces (`encode_parts`:
 the outputs' data as views, for a transport to write as they are).
+
+Request ids (perf_analyzer `--async` numbers its requests; a tritonclient user may give each its own): a plain id
+(request_forms.plain_id) is cut out of the key, field and all (`head_key`), and each request gets its own; an answer
+with a plain id is keyed by the id's length, its head kept around the id, and the id put back in.
 """
 from __future__ import annotations
 
@@ -27,30 +31,28 @@ from ..types import InferRequest, InferResponse
 from .codec import raw_from_array
 from .grpc_codec import request_from_proto, response_to_proto
 from .h2.frames import varint
-from .request_forms import SkeletonTable, answer_key
+from .request_forms import SkeletonTable, answer_key, plain_id
 
+_ID = 3
 _RAW_INPUT_CONTENTS = 7
 _RAW_OUTPUT_CONTENTS_TAG = b"\x32"  # field 6 of ModelInferResponse, length-delimited
 _LENGTH_DELIMITED = 2
 MAX_KEY_BYTES = 4096  # a larger head is decoded in full every time
 
 
-def split_message(data) -> tuple[int, list[int], list[int]] | None:
-    """(where raw_input_contents begins, or the message's end without it; each entry's start, each entry's length)
-    for the usual layout, else None."""
-    n = len(data)
-    pos = 0
-    head_end = -1
-    starts: list[int] = []
-    sizes: list[int] = []
+def split_message(data) -> tuple[int, list[int], list[int], tuple | None] | None:
+    """(where raw_input_contents begins, or the message's end without it; each entry's start and length; the id
+    field's (start, value's start, value's end) or None) for the usual layout (one id field at most), else None."""
+    n, pos, head_end = len(data), 0, -1
+    id_field: tuple | None = None
+    starts, sizes = [], []
     while pos < n:
         tag_at = pos
         tag = data[pos]
         if tag >= 0x80:  # fields 1-7 have one-byte tags
             return None
         pos += 1
-        length = 0
-        shift = 0
+        length = shift = 0
         while True:  # the varint length
             if pos >= n or shift > 35:
                 return None
@@ -70,10 +72,27 @@ def split_message(data) -> tuple[int, list[int], list[int]] | None:
             sizes.append(length)
         elif head_end >= 0 or not 1 <= field < _RAW_INPUT_CONTENTS:
             return None
+        elif field == _ID:
+            if id_field is not None:
+                return None
+            id_field = (tag_at, pos, pos + length)
         pos += length
     if head_end < 0:  # no data in the message: every input in shared memory, or data in `contents`
         head_end = n
-    return head_end, starts, sizes
+    return head_end, starts, sizes, id_field
+
+
+def head_key(data, head_end: int, id_field: tuple | None) -> tuple[bytes, str | None]:
+    """(the template key of a message's head, the message's id when the key leaves it out, else None): a plain id
+    (request_forms.plain_id) is cut out of the key, field and all, so a message without an id field (the id "")
+    has the same key; any other id is part of the key."""
+    if id_field is None:
+        return bytes(data[:head_end]), ""
+    tag_at, start, end = id_field
+    raw = bytes(data[start:end])
+    if not plain_id(raw):
+        return bytes(data[:head_end]), None
+    return bytes(data[:tag_at]) + bytes(data[end:head_end]), raw.decode("ascii")
 
 
 class GrpcRequestTemplates:
@@ -92,8 +111,8 @@ class GrpcRequestTemplates:
         split = split_message(data)
         if split is None or split[0] > MAX_KEY_BYTES:
             return request_from_proto(parse_request(data), time_remaining_s)
-        head_end, starts, sizes = split
-        key = bytes(data[:head_end])
+        head_end, starts, sizes, id_field = split
+        key, request_id = head_key(data, head_end, id_field)
         skeleton = self._table.get(key)
         if skeleton is None or tuple(sizes) != skeleton.sizes:
             msg = parse_request(data)
@@ -102,7 +121,7 @@ class GrpcRequestTemplates:
                 self._table.learn(key, request, sizes)
             return request
         self._table.hits += 1
-        request = skeleton.request(skeleton.model_name, skeleton.version, data, starts)
+        request = skeleton.request(skeleton.model_name, skeleton.version, data, starts, request_id)
         if time_remaining_s is not None:
             request.deadline_s = time.monotonic() + time_remaining_s
         return request
@@ -121,11 +140,12 @@ def parse_request(data) -> pb.ModelInferRequest:
 
 
 class GrpcAnswerTemplates:
-    """One gRPC front end's table of serialized answer heads (touched on the event loop only)."""
+    """One gRPC front end's table of serialized answer heads (touched on the event loop only): (the head before the
+    id, after it or None when the head is whole); a plain id is put back in each answer, any other is in the key."""
 
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = capacity
-        self._heads: dict[tuple, bytes] = {}
+        self._heads: dict[tuple, tuple[bytes, bytes | None]] = {}
         self.hits = 0
 
     @staticmethod
@@ -133,23 +153,31 @@ class GrpcAnswerTemplates:
         """Whether `resp`'s answers are encoded from a head kept once per kind (`encode_parts`)."""
         return answer_key(resp) is not None
 
+    def template(self, resp: InferResponse) -> tuple | None:
+        """The head kept for answers like `resp` (after `encode_parts` encoded one)."""
+        key = answer_key(resp)
+        return None if key is None else self._heads.get(key)
+
     def encode_parts(self, resp: InferResponse) -> list:
         """response_to_proto(resp).SerializeToString(), byte for byte once joined, as the pieces it is made of (the
         outputs' data not copied: a transport writes them as they are)."""
         key = answer_key(resp)
         if key is None:
             return [response_to_proto(resp).SerializeToString()]
-        head = self._heads.get(key)
-        if head is None:
+        known = self._heads.get(key)
+        if known is None:
             msg = response_to_proto(resp)
             body = msg.SerializeToString()
             del msg.raw_output_contents[:]
-            if len(self._heads) >= self.capacity:
-                self._heads.clear()
-            self._heads[key] = msg.SerializeToString()
+            around = _around_id(msg, isinstance(key[2], int))
+            if around is not None:
+                if len(self._heads) >= self.capacity:
+                    self._heads.clear()
+                self._heads[key] = around
             return [body]
         self.hits += 1
-        parts = [head]
+        before, after = known
+        parts = [before if after is None else before + resp.id.encode() + after]
         for t in resp.outputs:
             if t.data is None:  # written to shared memory: an empty entry, as response_to_proto writes it
                 parts += (_RAW_OUTPUT_CONTENTS_TAG, b"\x00")
@@ -157,3 +185,18 @@ class GrpcAnswerTemplates:
             raw = raw_from_array(t.data, t.datatype)
             parts += (_RAW_OUTPUT_CONTENTS_TAG, varint(len(raw)), raw)
         return parts
+
+
+def _around_id(msg: pb.ModelInferResponse, plain: bool) -> tuple[bytes, bytes | None] | None:
+    """(the serialized answer head up to a plain id's value, after it) of an answer with a plain id; (the head,
+    None) for one with another id, or none; None if the id is not where protobuf writes it (after fields 1-2)."""
+    head = msg.SerializeToString()
+    request_id = msg.id
+    if not plain or not request_id:
+        return head, None
+    raw = request_id.encode()
+    before = pb.ModelInferResponse(model_name=msg.model_name, model_version=msg.model_version).SerializeToString()
+    before += b"\x1a" + varint(len(raw))
+    if not head.startswith(before + raw):
+        return None
+    return before, head[len(before) + len(raw):]

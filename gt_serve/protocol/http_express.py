@@ -26,6 +26,7 @@ from .codec import raw_from_array
 from .express_plans import Plan, now_ns, plannable, settle
 from .http_messages import Request, Response, json_error
 from .http_templates import AnswerTemplates
+from .request_forms import json_id
 from .status import http_headers, http_status
 
 _log = logging.getLogger(__name__)
@@ -77,12 +78,18 @@ class HttpExpress:
         planned = None if n is None else plannable(self._dp, infer_req)
         if planned is None:
             return
+        key = bytes(req.body[:n])
+        keyed = json_id(key)
+        if keyed is not None:  # an id of its own: planned without it (the request templates read it so too)
+            key, request_id = keyed
+            if request_id != infer_req.id:
+                return
         model, checked, picks = planned
         form = infer_req.form
         if len(self._plans) >= self._capacity:
             self._plans.clear()
         plan = Plan(model, infer_req, checked, picks, [n + offset for offset in form.offsets])
-        self._plans[(req.path, bytes(req.body[:n]))] = (plan, form.total)
+        self._plans[(req.path, key, n)] = (plan, form.total)
 
     def serve(self, req: Request, reply: Callable[[Response], None]) -> Any:
         """Submit `req` from its plan and return its future (cancel it if the connection goes); `reply(response)`
@@ -91,11 +98,18 @@ class HttpExpress:
         if n is None:
             return None
         body = req.body
-        key = (req.path, bytes(body[:n]))
+        json_part = bytes(body[:n])
+        keyed = json_id(json_part)
+        if keyed is None:
+            key, request_id = (req.path, json_part, n), None
+        else:
+            key, request_id = (req.path, keyed[0], n), keyed[1]
         known = self._plans.get(key)
         if known is None or len(body) - n != known[1]:
             return None
         plan = known[0]
+        if request_id is None:
+            request_id = plan.request.id
         model = self._dp.express_model(plan.name, plan.version)
         if model is not plan.model:  # reloaded, unloaded, or no longer served here alone: the full path decides
             del self._plans[key]
@@ -104,20 +118,21 @@ class HttpExpress:
         future = plan.submit(self._dp, model, body)
         if future is None:
             return None
-        future.add_done_callback(lambda f: settle(f, plan, self._dp, start_ns, self._response,
+        future.add_done_callback(lambda f: settle(f, plan, request_id, self._dp, start_ns, self._response,
                                                   lambda exc: error_response(exc, f"{req.method} {req.path}"), reply))
         self.served += 1
         return future
 
-    def _response(self, plan: Plan, outputs: list) -> Response:
+    def _response(self, plan: Plan, request_id: str, outputs: list) -> Response:
         shapes = tuple([a.shape for a in outputs])
         known = plan.answers.get(shapes)
         if known is None:  # output shapes not seen yet: encoded as the full path encodes them, kept if a template
-            response = InferResponse(plan.model.name, plan.model.version, plan.request.id, plan.tensors(outputs), {})
+            response = InferResponse(plan.model.name, plan.model.version, request_id, plan.tensors(outputs), {})
             parts, headers, heads = self._answers.encode(response, plan.request)
             if heads is not None:
-                plan.keep_answer(shapes, (parts[0], headers, heads))
+                plan.keep_answer(shapes, self._answers.template(response, plan.request))
             return Response(200, parts if len(parts) > 1 else parts[0], headers, heads)
-        json_part, headers, heads = known
+        before, after, headers, heads = known
+        json_part = before if after is None else before + request_id.encode() + after
         parts = [json_part, *[raw_from_array(a, t) for a, t in zip(outputs, plan.datatypes) if a.size]]
         return Response(200, parts if len(parts) > 1 else json_part, headers, heads)

@@ -18,13 +18,19 @@ Answers the same way (`AnswerTemplates`): when every output that holds data goes
 shared memory), the JSON part of the answer is a function of the model, version, id, the outputs' names, datatypes
 and shapes (and regions) and what the request asked for, so it is encoded once per such key
 (`http_infer.encode_response` on a miss) and the HTTP headers with it; an answer then costs its outputs' raw views.
+
+Request ids (perf_analyzer `--async` numbers its requests; a tritonclient user may give each its own): a JSON part
+that opens with a plain id (request_forms.json_id) is keyed without the id's value and its requests get their own;
+an answer with a plain id is keyed by the id's length, its template kept around the id, and the id put back in.
 """
 from __future__ import annotations
+
+import orjson
 
 from ..types import InferRequest, InferResponse
 from .codec import BINARY_DATA_SIZE, raw_from_array
 from .http_infer import decode_request, encode_response
-from .request_forms import SkeletonTable, answer_key, in_shared_memory
+from .request_forms import SkeletonTable, answer_key, id_class, in_shared_memory, json_id
 
 
 class RequestTemplates:
@@ -47,17 +53,23 @@ class RequestTemplates:
         if header_length is None or header_length > self.max_json_bytes:
             return decode_request(model_name, version, body, header_length)
         key = bytes(body[:header_length])
+        request_id = None
+        keyed = json_id(key)
+        if keyed is not None:  # an id of its own: the form is keyed without it
+            key, request_id = keyed
         skeleton = self._table.get(key)
         if skeleton is None or len(body) - header_length != skeleton.total:
             request = decode_request(model_name, version, body, header_length)
             if skeleton is None:
-                self._learn(key, request, len(body) - header_length)
+                self._learn(key, request, len(body) - header_length, request_id)
             return request
         self._table.hits += 1
-        return skeleton.request(model_name, version, body, [header_length + o for o in skeleton.offsets])
+        return skeleton.request(model_name, version, body, [header_length + o for o in skeleton.offsets], request_id)
 
-    def _learn(self, key: bytes, request: InferRequest, binary_bytes: int) -> None:
+    def _learn(self, key: bytes, request: InferRequest, binary_bytes: int, request_id: str | None) -> None:
         if request.deadline_s is not None:  # a timeout counts from each request's arrival
+            return
+        if request_id is not None and request.id != request_id:  # not read as json_id reads it: not kept
             return
         # binary inputs follow each other; an input in shared memory has no part
         sizes = [t.parameters.get(BINARY_DATA_SIZE) for t in request.inputs if not in_shared_memory(t)]
@@ -66,11 +78,13 @@ class RequestTemplates:
 
 
 class AnswerTemplates:
-    """One front end's table of answer JSON parts and headers (touched on the event loop only)."""
+    """One front end's table of answer JSON parts and headers (touched on the event loop only). A template is
+    (the JSON part before the id, after it or None when the JSON part is the whole answer's, the headers, the
+    `Response.heads` dict): a plain id (request_forms.plain_id) is put back in each answer, any other is in the key."""
 
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = capacity
-        self._answers: dict[tuple, tuple[bytes, dict, dict]] = {}
+        self._answers: dict[tuple, tuple[bytes, bytes | None, dict, dict]] = {}
         self.hits = 0
 
     def encode(self, resp: InferResponse, req: InferRequest) -> tuple[list, dict, dict | None]:
@@ -81,9 +95,10 @@ class AnswerTemplates:
             known = self._answers.get(key)
             if known is not None:
                 self.hits += 1
-                json_part, headers, heads = known
-                return [json_part, *[raw_from_array(t.data, t.datatype) for t in resp.outputs
-                                     if t.data is not None and t.data.size]], headers, heads
+                before, after, headers, heads = known
+                return [before if after is None else before + resp.id.encode() + after,
+                        *[raw_from_array(t.data, t.datatype) for t in resp.outputs
+                          if t.data is not None and t.data.size]], headers, heads
         parts, json_bytes = encode_response(resp, req)
         if json_bytes is None:
             headers = {"Content-Type": "application/json"}
@@ -94,11 +109,19 @@ class AnswerTemplates:
             headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(json_bytes)}
             if key is None or len(parts) - 1 != sum(1 for t in resp.outputs if t.data is not None and t.data.size):
                 return parts, headers, None  # not all binary
+        around = _around_id(parts[0], resp)
+        if around is None:
+            return parts, headers, None
         if len(self._answers) >= self.capacity:
             self._answers.clear()
         heads: dict = {}
-        self._answers[key] = (parts[0], headers, heads)
+        self._answers[key] = (*around, headers, heads)
         return parts, headers, heads
+
+    def template(self, resp: InferResponse, req: InferRequest) -> tuple | None:
+        """The template kept for answers like `resp` to `req` (after `encode` gave them a `heads` dict)."""
+        key = self._key(resp, req)
+        return None if key is None else self._answers.get(key)
 
     @staticmethod
     def _key(resp: InferResponse, req: InferRequest) -> tuple | None:
@@ -109,6 +132,18 @@ class AnswerTemplates:
         # as encode_response reads them: a flag's truth, whatever JSON value carries it (a list is not hashable)
         asked = tuple((o.name, _flag(o.parameters.get("binary_data"))) for o in req.outputs) if req.outputs else None
         return key, asked, bool(params.get("binary_data_output", False)) if params else False
+
+
+def _around_id(json_part: bytes, resp: InferResponse) -> tuple[bytes, bytes | None] | None:
+    """(the JSON part up to a plain id's value, after it) of an answer with a plain id, where encode_response writes
+    it (after model_name and model_version); (the JSON part, None) for an answer with another id, or none."""
+    if not isinstance(id_class(resp.id), int) or not resp.id:
+        return json_part, None
+    before = orjson.dumps({"model_name": resp.model_name, "model_version": resp.model_version})[:-1] + b',"id":"'
+    raw = resp.id.encode()
+    if not json_part.startswith(before + raw + b'"'):
+        return None
+    return before, json_part[len(before) + len(raw):]
 
 
 def _flag(value) -> bool | None:

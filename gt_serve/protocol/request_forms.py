@@ -40,16 +40,18 @@ class Skeleton:
         self.total = sum(sizes)
         self.in_shm = any(entry[4] is None for entry in inputs)
 
-    def request(self, model_name: str, version: str, buffer: Any, starts: Sequence[int]) -> InferRequest:
+    def request(self, model_name: str, version: str, buffer: Any, starts: Sequence[int],
+                request_id: str | None = None) -> InferRequest:
         """A request of this form for `model_name` / `version` whose inputs' data lie in `buffer` at `starts`
-        (in input order; inputs in shared memory have none)."""
+        (in input order; inputs in shared memory have none), with id `request_id` (a form keyed without its id:
+        `json_id`, grpc_templates.split_message) or the first request's."""
         if self.in_shm:
             inputs = self._with_shm_inputs(buffer, starts)
         else:
             inputs = [Tensor(name, datatype, shape, np.frombuffer(buffer, dtype, count, start).reshape(shape), params)
                       for (name, datatype, shape, params, dtype, count), start in zip(self.inputs, starts)]
         outputs = self.outputs
-        request = InferRequest(model_name, version, self.request_id, inputs,
+        request = InferRequest(model_name, version, self.request_id if request_id is None else request_id, inputs,
                                None if outputs is None else list(outputs), dict(self.params) if self.params else {})
         request.priority = self.priority
         request.form = self  # the data plane checks this form once per model
@@ -121,13 +123,57 @@ class SkeletonTable:
         self._seen_once.discard(key)
 
 
+# ---- request ids: kept out of the keys, put back in each request and answer ----
+
+_PLAIN_ID_BYTES = bytes(b for b in range(0x20, 0x7F) if b not in b'"\\')
+MAX_PLAIN_ID = 127  # a protobuf length of one byte
+
+
+def plain_id(raw: bytes) -> bool:
+    """Whether request id bytes are read as the same str from JSON and protobuf, and written back as they are by
+    both: printable ASCII but '"' and '\\', at most MAX_PLAIN_ID bytes. perf_analyzer `--async` numbers every
+    request ("0", "1", ...), and a tritonclient user may give each its own (a UUID): such an id is kept out of the
+    request and answer templates' keys and put back in each request and answer, so that every request of one form
+    shares one skeleton, plan and answer."""
+    return len(raw) <= MAX_PLAIN_ID and not raw.translate(None, _PLAIN_ID_BYTES)
+
+
+def id_class(request_id: str) -> int | str:
+    """What an answer template is keyed by in place of the answer's id: a plain id's length (the template holds
+    the encoded answer around it), any other id itself."""
+    if request_id.isascii():
+        raw = request_id.encode("ascii")
+        if plain_id(raw):
+            return len(raw)
+    return request_id
+
+
+def json_id(part: bytes) -> tuple[bytes, str] | None:
+    """(the JSON part with its id's value cut out, the id) for a JSON part of a request that opens with a plain
+    "id" (`{"id":"7",...`, as perf_analyzer and tritonclient write one) and has no other "id" and no escape in it
+    (so that nothing else can be read as the id); None for any other."""
+    if part.startswith(b'{"id":"'):
+        at = 7
+    elif part.startswith(b'{"id": "'):
+        at = 8
+    else:
+        return None
+    end = part.find(b'"', at)
+    if end < 0 or b'"id"' in part[end:] or b"\\" in part:
+        return None
+    raw = part[at:end]
+    if not plain_id(raw):
+        return None
+    return part[:at] + part[end:], raw.decode("ascii")
+
+
 _SHM_OUTPUT_KEYS = frozenset((SHM_REGION, "shared_memory_offset", "shared_memory_byte_size"))
 
 
 def answer_key(resp: InferResponse) -> tuple | None:
-    """What an answer template is keyed by, both front ends: (model, version, id, each output's name, datatype and
-    shape, and for an output written to shared memory its region's parameters), or None for an answer with
-    parameters or an output without fixed-size data of its own (classification, BYTES)."""
+    """What an answer template is keyed by, both front ends: (model, version, the id's `id_class`, each output's
+    name, datatype and shape, and for an output written to shared memory its region's parameters), or None for an
+    answer with parameters or an output without fixed-size data of its own (classification, BYTES)."""
     if resp.parameters:
         return None
     outputs = []
@@ -141,4 +187,4 @@ def answer_key(resp: InferResponse) -> tuple | None:
         if params or t.datatype == "BYTES":
             return None
         outputs.append((t.name, t.datatype, t.shape))
-    return resp.model_name, resp.model_version, resp.id, tuple(outputs)
+    return resp.model_name, resp.model_version, id_class(resp.id), tuple(outputs)

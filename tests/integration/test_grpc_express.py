@@ -93,8 +93,9 @@ async def test_same_bytes_and_statistics_as_the_full_path(repo):
                 expect = {"OUTPUT0": a + b, "OUTPUT1": a - b}
                 for out, raw in zip(answer.outputs, answer.raw_output_contents):
                     assert np.array_equal(np.frombuffer(raw, np.int32).reshape(1, 16), expect[out.name])
-        # each form: the first decoded in full, the second learns its skeleton, the third its plan
-        assert served(fast) == len(forms) * 3
+        # each form: the first decoded in full, the second learns its skeleton, the third its plan; but the form
+        # with an id is keyed without it, as the form {} is: its skeleton is known, its first message plans it
+        assert served(fast) == len(forms) * 3 + 2
         got, want = await stats(fast, "simple"), await stats(full, "simple")
         assert_same_counts(got, want)
         assert got["inference_stats"]["success"]["count"] == len(forms) * 6
@@ -237,3 +238,27 @@ async def test_stream_messages_are_answered_as_the_full_path_answers_them(repo):
         got, want = await stats(fast, "gather"), await stats(full, "gather")
         for key in ("success", "fail"):
             assert got["inference_stats"][key]["count"] == want["inference_stats"][key]["count"], key
+
+
+@pytest.mark.asyncio
+async def test_each_message_gets_its_own_id_from_one_plan(repo):
+    """Messages that differ in their ids alone are served from one plan (one per message length), each answered
+    with its own id, byte for byte as the full path answers it; a message without an id shares the plan of ids of
+    no length."""
+    numbered = ["8", "9", "10", "11", "12", "13"]
+    uuids = [f"3f2b8a1e-7c4d-4e0f-9a6b-2d1c5e8f7a{i:02d}" for i in range(6)]
+    not_plain = ["caf\u00e9", "caf\u00e9", 'q"1', 'q"1', "x" * 128, "", "", ""]
+    rng = np.random.default_rng(17)
+    async with serving(repo) as (fast, fast_infer), serving(repo, express=False) as (full, full_infer):
+        for request_id in numbered + uuids + not_plain:
+            data, a, b = simple(rng, request_id=request_id)
+            got, want = await call(fast_infer, data), await call(full_infer, data)
+            assert got[0] == grpc.StatusCode.OK and got == want
+            answer = pb.ModelInferResponse.FromString(got[3])
+            assert answer.id == request_id
+            assert np.array_equal(np.frombuffer(answer.raw_output_contents[1], np.int32).reshape(1, 16), a - b)
+        # "8" decoded in full, "9" teaches the skeleton (keyed without the id), "10" the plan of two-digit ids;
+        # "11"-"13" express; the first UUID teaches the plan of its length, the other five express; ids that are
+        # not plain are keys of their own, each seen at most twice; the first message without an id (the skeleton
+        # known) teaches its plan, the other two express
+        assert served(fast) == 3 + 5 + 2

@@ -379,3 +379,33 @@ async def test_a_head_seen_before_is_not_parsed_again_and_answers_the_same(repo)
                 await conn.close()
         assert len(server._known_heads) == known and unparsed(fast) == 4
         assert served(fast) > 6  # served from their plans, parsed
+
+
+# perf_analyzer --async numbers its requests; a tritonclient user may give each a UUID; any other id is keyed as is
+NUMBERED = ["8", "9", "10", "11", "12", "13"]
+UUIDS = [f"3f2b8a1e-7c4d-4e0f-9a6b-2d1c5e8f7a{i:02d}" for i in range(6)]
+NOT_PLAIN = ["caf\u00e9", "caf\u00e9", 'q"1', 'q"1', "q\\2", "x" * 128]
+
+
+@pytest.mark.asyncio
+async def test_each_request_gets_its_own_id_from_one_plan(repo):
+    """Requests that differ in their ids alone are served from one plan (one per id length: the JSON part's length
+    is in the headers), each answered with its own id, byte for byte as the full path answers it."""
+    rng = np.random.default_rng(17)
+    async with serving(repo) as fast, serving(repo, express=False) as full:
+        conns = [await Connection.open(fast), await Connection.open(full)]
+        for request_id in NUMBERED + UUIDS + NOT_PLAIN:
+            a, b = simple_pair(rng)
+            request = infer_bytes("/v2/models/simple/infer", {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)},
+                                  outputs=BOTH, request_id=request_id)
+            (got,), (want,) = [await c.send(request) for c in conns]
+            assert got[0] == 200 and got[3] == want[3]
+            n = int(got[1]["inference-header-content-length"])
+            assert orjson.loads(got[2][:n])["id"] == request_id
+            assert np.array_equal(outputs_of(got[2], got[1])["OUTPUT1"], a - b)
+        for c in conns:
+            await c.close()
+        # "8" decoded in full, "9" teaches the skeleton (keyed without the id), "10" the plan of two-digit ids;
+        # "11"-"13" express; the first UUID teaches the plan of its length, the other five express; ids that are
+        # not plain are keys of their own, each seen at most twice: never planned
+        assert served(fast) == 3 + 5

@@ -20,7 +20,7 @@ def message(arrays: dict[str, tuple[str, np.ndarray]], *, outputs=("OUT",), prio
             **params) -> pb.ModelInferRequest:
     msg = pb.ModelInferRequest(model_name="m", model_version="1", id="req")
     for name, (datatype, array) in arrays.items():
-        t = msg.inputs.add(name=name, datatype=datatype, shape=array.shape)
+        msg.inputs.add(name=name, datatype=datatype, shape=array.shape)
         msg.raw_input_contents.append(array.tobytes())
     for name in outputs:
         msg.outputs.add(name=name)
@@ -37,15 +37,16 @@ def message(arrays: dict[str, tuple[str, np.ndarray]], *, outputs=("OUT",), prio
 def test_the_usual_layout_splits_at_the_data():
     a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.arange(4, dtype=np.int64).reshape(1, 4)
     data = message({"A": ("FP32", a), "B": ("INT64", b)}).SerializeToString()
-    head_end, starts, sizes = split_message(data)
+    head_end, starts, sizes, id_field = split_message(data)
     assert sizes == [a.nbytes, b.nbytes]
+    assert data[id_field[0]] == 0x1a and data[id_field[1]:id_field[2]] == b"req"  # field 3, its value
     assert data[starts[0]:starts[0] + sizes[0]] == a.tobytes() and data[starts[1]:starts[1] + sizes[1]] == b.tobytes()
     assert pb.ModelInferRequest.FromString(data[:head_end]).raw_input_contents == []  # the head holds no data
 
 
 def test_a_message_without_data_entries_is_its_own_key():
     for data in (b"", message({}).SerializeToString()):
-        assert split_message(data) == (len(data), [], [])
+        assert split_message(data)[:3] == (len(data), [], [])
 
 
 @pytest.mark.parametrize("data", [
@@ -216,3 +217,57 @@ def test_outputs_written_to_shared_memory_are_kept_with_their_regions():
             assert back.outputs[1].parameters["shared_memory_offset"].int64_param == shm_out.parameters[
                 "shared_memory_offset"]
     assert answers.hits == 4
+
+
+# ---- request ids: a plain one is kept out of the keys and put back ----
+
+def test_each_message_keeps_its_own_plain_id_and_all_share_one_form():
+    """perf_analyzer --async numbers its requests ("0", "1", ...): the form is keyed without the id field, and a
+    message without one (the id "") shares it."""
+    templates = GrpcRequestTemplates()
+    ids = ["0", "1", "", "17", "9999", "3f2b8a1e-7c4d-4e0f-9a6b-2d1c5e8f7a90", "a b:c/d<e>", "x" * 127]
+    forms = []
+    for i, request_id in enumerate(ids):
+        msg = message({"A": ("FP32", np.full((1, 2), i, np.float32))})
+        msg.id = request_id
+        got = templates.decode(msg.SerializeToString())
+        same(got, request_from_proto(msg))
+        assert got.id == request_id and got.inputs[0].data[0, 0] == i
+        forms.append(got.form)
+    assert templates.hits == len(ids) - 2 and all(f is forms[2] for f in forms[2:])
+
+
+@pytest.mark.parametrize("request_id", ["caf\u00e9", "tab\there", "x" * 128, "\x7f"])
+def test_an_id_that_is_not_plain_is_part_of_the_key(request_id):
+    templates = GrpcRequestTemplates()
+    for i in range(4):
+        msg = message({"A": ("FP32", np.full((1, 2), i, np.float32))})
+        msg.id = request_id if i < 3 else request_id + "!"
+        got = templates.decode(msg.SerializeToString())
+        same(got, request_from_proto(msg))
+    assert templates.hits == 1  # the third; the fourth is another id, so another key
+
+
+def test_a_message_with_two_id_fields_takes_the_full_path():
+    """protobuf's last field wins: a message with two is never split, so a later one never gets the first id."""
+    templates = GrpcRequestTemplates()
+    for i in range(4):
+        msg = message({"A": ("FP32", np.full((1, 2), i, np.float32))})
+        head_end = split_message(msg.SerializeToString())[0]
+        data = msg.SerializeToString()
+        data = data[:head_end] + b"\x1a\x04last" + data[head_end:]  # a second id, before the data
+        assert split_message(data) is None
+        got = templates.decode(data)
+        assert got.id == "last" and got.form is None
+
+
+@pytest.mark.parametrize("ids, hits", [(["0", "1", "2", "3"], 3), (["", "", ""], 2), (["9", "10", "11", "100"], 1),
+                                       (['q"1', 'q"1', 'q"2'], 1), (["\u00e9", "\u00e9", "\u00e8"], 1)])
+def test_an_answer_puts_back_its_own_plain_id(ids, hits):
+    answers = GrpcAnswerTemplates()
+    for i, request_id in enumerate(ids):
+        resp = answer(Tensor("A", "INT32", (2,), np.arange(2, dtype=np.int32) + i), request_id=request_id)
+        got = encoded(answers, resp)
+        assert got == response_to_proto(resp).SerializeToString()
+        assert pb.ModelInferResponse.FromString(got).id == request_id
+    assert answers.hits == hits

@@ -152,10 +152,59 @@ def test_a_full_table_starts_over():
 
 def test_requests_that_never_repeat_build_no_skeleton():
     templates = RequestTemplates(capacity=4)
-    for i in range(20):  # a fresh id every time
-        body, n = binary_body({"A": ("FP32", np.ones((1, 2), np.float32))}, id=f"r{i}")
+    for i in range(20):  # a fresh parameter every time
+        body, n = binary_body({"A": ("FP32", np.ones((1, 2), np.float32))}, parameters={"tag": f"r{i}"})
         same(templates.decode("m", "", body, n), decode_request("m", "", body, n))
     assert templates.hits == 0 and templates.kept == 0
+
+
+def test_each_request_keeps_its_own_plain_id_and_all_share_one_form():
+    """perf_analyzer --async numbers its requests ("0", "1", ...); tritonclient users may give each its own id (a
+    UUID): the form is keyed without the id, and each request gets its own."""
+    templates = RequestTemplates()
+    ids = ["0", "1", "17", "", "9999", "3f2b8a1e-7c4d-4e0f-9a6b-2d1c5e8f7a90", "a b:c/d<e>", "x" * 127]
+    forms = []
+    for i, request_id in enumerate(ids):
+        a = np.full((1, 2), i, np.float32)
+        body, n = binary_body({"A": ("FP32", a)}, outputs=[{"name": "OUT"}])
+        body = body.replace(b'{"id":""', orjson.dumps({"id": request_id})[:-1], 1)
+        n += len(orjson.dumps(request_id)) - 2
+        got = templates.decode("m", "1", body, n)
+        same(got, decode_request("m", "1", body, n))
+        assert got.id == request_id and np.array_equal(got.inputs[0].data, a)
+        forms.append(got.form)
+    assert templates.kept == 1 and templates.hits == len(ids) - 2
+    assert all(f is forms[2] for f in forms[2:])
+
+
+@pytest.mark.parametrize("request_id", ['a"b', "a\\b", "caf\u00e9", "tab\there", "x" * 128, 5, None])
+def test_an_id_that_is_not_plain_is_part_of_the_key(request_id):
+    """An id with an escape, beyond ASCII or printable, too long, or not a string is never cut out of the key: each
+    request has the id the full decoder reads, and a new id is a new form."""
+    templates = RequestTemplates()
+    for i in range(4):
+        extra = {"id": request_id} if request_id is not None else {"id": "7", "parameters": {"id": i % 2}}
+        head = orjson.dumps({**extra, "inputs": [{"name": "A", "datatype": "FP32", "shape": [1, 2],
+                                                  "parameters": {"binary_data_size": 8}}]})
+        body = head + np.full((1, 2), i, np.float32).tobytes()
+        got = templates.decode("m", "1", body, len(head))
+        same(got, decode_request("m", "1", body, len(head)))
+    if request_id is None:  # another "id" in the JSON part: exact keys, two of them, each seen twice
+        assert templates.hits == 0 and templates.kept == 2
+    else:
+        assert templates.hits == 2 and templates.kept == 1
+
+
+def test_a_second_id_key_is_never_read_past():
+    """JSON's last "id" wins: a JSON part with two is keyed exactly, so a later one never gets the first id."""
+    templates = RequestTemplates()
+    for first in ("1", "2", "3", "4"):
+        head = b'{"id":"%s","inputs":[{"name":"A","datatype":"FP32","shape":[1,2],' \
+               b'"parameters":{"binary_data_size":8}}],"id":"last"}' % first.encode()
+        body = head + bytes(8)
+        got = templates.decode("m", "1", body, len(head))
+        assert got.id == "last"
+        same(got, decode_request("m", "1", body, len(head)))
 
 
 def test_empty_tensor_and_decompressed_bytearray_body():
@@ -203,6 +252,26 @@ def test_a_binary_answer_is_encoded_once_per_shape_and_request():
     assert joined(parts) == joined(encode_response(answer(outs), req)[0]) and answers.hits == 3
     parts, _, _ = answers.encode(answer(outs, request_id="r7"), req)  # the id is in the JSON part
     assert joined(parts) == joined(encode_response(answer(outs, request_id="r7"), req)[0]) and answers.hits == 3
+
+
+@pytest.mark.parametrize("ids, hits", [(["0", "1", "2", "3"], 3), (["r7", "r8", "r9", "r1"], 3), (["", "", ""], 2),
+                                       (["9", "10", "11", "100"], 1),  # one template per id length
+                                       (["a\u00e9", "a\u00e9", "a\u00e8"], 1), (['q"1', 'q"1', 'q"2'], 1)])
+def test_an_answer_puts_back_its_own_plain_id(ids, hits):
+    """A plain id is put back in the kept JSON part (one per id length: the headers carry its length); any other id
+    is part of the key."""
+    from gt_serve.protocol.http_infer import encode_response
+    from gt_serve.types import Tensor
+    answers = AnswerTemplates()
+    req = asked(("A", {"binary_data": True}))
+    for i, request_id in enumerate(ids):
+        outs = [Tensor("A", "FP32", (2,), np.arange(2, dtype=np.float32) + i)]
+        parts, headers, heads = answers.encode(answer(outs, request_id=request_id), req)
+        want, json_bytes = encode_response(answer(outs, request_id=request_id), req)
+        assert joined(parts) == joined(want) and heads is not None
+        assert headers["Inference-Header-Content-Length"] == str(json_bytes)
+        assert orjson.loads(parts[0]).get("id", "") == request_id
+    assert answers.hits == hits
 
 
 @pytest.mark.parametrize("case", ["json_data", "bytes", "shm_other_params", "answer_params", "one_json_output"])
