@@ -187,10 +187,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """The coroutine answering one stream message; a message that does not parse ends the call (Abort)."""
         if self._trace_settings.active:
             return self._stream_one(_parsed(data), context.time_remaining(), context.invocation_metadata())
-        remaining_s = context.time_remaining()
-        express = None if self.express is None else self.express.stream_call(data, remaining_s is not None)
-        if express is not None:  # served from its plan (grpc_express.py)
-            return self._stream_answer(express, data)
+        remaining_s = context.time_remaining()  # (a message the express lane can serve never gets here)
         try:
             request = self._templates.decode(data, remaining_s)
         except MessageNotParsed as exc:

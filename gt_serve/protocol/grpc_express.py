@@ -1,5 +1,5 @@
 """The gRPC express lane (our own transport): a repeated ModelInfer served from its plan, without a task per call
-(and a ModelStreamInfer message, inside the stream's machinery: `stream_call`).
+(and a ModelStreamInfer message, beside the stream's handler: `serve_streamed`).
 
 Once a ModelInfer message has been served the full way (`InferenceServicer.ModelInferBytes`: decoded from a
 skeleton, checked, queued, answered from an answer template) and may be planned (protocol/express_plans.py), its
@@ -27,7 +27,8 @@ from ..types import InferRequest, InferResponse
 from .codec import raw_from_array
 from .express_plans import Plan, now_ns, plannable, settle
 from .grpc_messages import Abort
-from .grpc_templates import GrpcAnswerTemplates, split_message
+from .grpc_stream import stream_answer, stream_error
+from .grpc_templates import GrpcAnswerTemplates, parse_request, split_message
 from .h2.frames import varint
 from .request_forms import plain_id
 from .status import grpc_status, grpc_trailers
@@ -142,11 +143,16 @@ class GrpcExpress:
                                                   reply))
         return future
 
-    def stream_call(self, data, deadline: bool):
-        """A ModelStreamInfer message served from its plan: a coroutine giving its answer's pieces (raising what the
-        full path raises, a failure counted as there), or None when it must take the full path."""
+    def serve_streamed(self, data, deadline: bool, reply: Callable[[list], None]) -> Any:
+        """As `serve`, for a ModelStreamInfer message: `reply(pieces)` of the ModelStreamInferResponse, its answer
+        or, for a failed request, its error (the stream stays open), as the servicer's stream answers them."""
         submitted = self._submit(data, deadline)
-        return None if submitted is None else self._stream_answer(*submitted)
+        if submitted is None:
+            return None
+        future, plan, request_id, start_ns = submitted
+        future.add_done_callback(lambda f: settle(f, plan, request_id, self._dp, start_ns, self._streamed,
+                                                  lambda exc: _stream_failed(exc, data), reply))
+        return future
 
     def _submit(self, data, deadline: bool) -> tuple | None:
         """(future, plan, id, start) of the message `data` submitted from its plan, or None (nothing was done)."""
@@ -168,13 +174,8 @@ class GrpcExpress:
         self.served += 1
         return future, plan, request_id, start_ns
 
-    async def _stream_answer(self, future, plan: Plan, request_id: str, start_ns: int) -> list:
-        try:
-            arrays = await future
-        except GtServeError:
-            self._dp.express_failed(plan.model, start_ns)
-            raise
-        return self._pieces(plan, request_id, plan.outputs(arrays))
+    def _streamed(self, plan: Plan, request_id: str, outputs: list) -> list:
+        return stream_answer(self._pieces(plan, request_id, outputs))
 
     def _pieces(self, plan: Plan, request_id: str, outputs: list) -> list:
         shapes = tuple([a.shape for a in outputs])
@@ -192,3 +193,8 @@ class GrpcExpress:
             raw = raw_from_array(a, datatype)
             pieces += (_RAW_OUTPUT_CONTENTS_TAG, varint(len(raw)), raw)
         return pieces
+
+
+def _stream_failed(exc: BaseException, data) -> list:
+    """A stream's answer to a request of `data` that failed: its error, with the request's model, version and id."""
+    return [stream_error(exc, parse_request(data)).SerializeToString()]

@@ -1,7 +1,7 @@
-"""A gRPC call's request messages on the native transport (`grpc_native.py`): `Messages`, the queue a
-streaming handler iterates, `inflate_bounded` for gzip/deflate messages, `Abort`, the error that
-ends a call with a status (raised by a handler, by decoding, or queued for a broken stream), and
-`CallContext`, what the servicer sees of the call (deadline, metadata, abort).
+"""A gRPC call's request messages on the native transport (`grpc_native.py`): `GrpcStream`, a call's state on its
+HTTP/2 stream, `Messages`, the queue a streaming handler iterates, `inflate_bounded` for gzip/deflate messages,
+`Abort`, the error that ends a call with a status (raised by a handler, by decoding, or queued for a broken
+stream), and `CallContext`, what the servicer sees of the call (deadline, metadata, abort).
 
 Their own module: what a request message goes through between its reassembly from DATA frames (the
 connection) and the servicer's handler, apart from the HTTP/2 and dispatch state of the connection.
@@ -14,8 +14,39 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from .h2 import H2Stream
+
 if TYPE_CHECKING:
-    from .grpc_native import GrpcConnection, _GrpcStream
+    from .grpc_native import GrpcConnection
+
+
+class GrpcStream(H2Stream):
+    """A gRPC call on one HTTP/2 stream: its method, its request message being reassembled, its task."""
+
+    __slots__ = ("method", "context", "encoding", "prefix", "need", "flag", "chunks", "have", "request",
+                 "requests", "task", "messages", "deadline_handle", "finished", "inflight")
+
+    def __init__(self, sid: int, recv_window: int, send_window: int) -> None:
+        super().__init__(sid, recv_window, send_window)
+        self.method: tuple | None = None  # (handler, parse, streaming, express lane)
+        self.context: CallContext | None = None
+        self.encoding: str | None = None
+        self.prefix = b""  # the 5-byte message prefix, while incomplete
+        self.need = -1  # length of the message being assembled (-1: reading a prefix)
+        self.flag = 0
+        self.chunks: list = []
+        self.have = 0
+        self.request: tuple | None = None  # unary: (flag, message)
+        self.requests = 0
+        self.task: asyncio.Future | None = None  # the call's task, or an express request's future
+        self.messages: Messages | None = None
+        self.deadline_handle: asyncio.TimerHandle | None = None
+        self.finished = False  # a status was sent or the stream was dropped
+        self.inflight: set | None = None  # a streaming call's messages served from their plans, not yet answered
+
+    def cancel_inflight(self) -> None:
+        for future in list(self.inflight or ()):
+            future.cancel()
 
 
 class CallContext:
@@ -70,7 +101,7 @@ class Messages:
 
     __slots__ = ("_queue", "_conn", "_stream")
 
-    def __init__(self, conn: GrpcConnection, stream: _GrpcStream) -> None:
+    def __init__(self, conn: GrpcConnection, stream: GrpcStream) -> None:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._conn = conn
         self._stream = stream
@@ -90,3 +121,12 @@ class Messages:
         flag, message = item
         self._conn.release(self._stream, len(message))
         return await self._conn.parse(self._stream, flag, message)
+
+
+def message_pieces(response) -> list:
+    """A handler's response as the pieces of the message's bytes: a list of them (the answer templates'), bytes, or
+    a protobuf message."""
+    kind = type(response)
+    if kind is list:
+        return response
+    return [response if kind is bytes else response.SerializeToString()]

@@ -24,9 +24,9 @@ from tritonclient.grpc import service_pb2 as pb
 from ..tls import TlsFiles, server_context
 from .grpc import InferenceServicer, bearer_authorized, bearer_values
 from .grpc_headers import OK_TRAILERS_BLOCK, RESPONSE_HEADERS_BLOCK, parse_timeout, status_block
-from .grpc_messages import Abort, CallContext, Messages, inflate_bounded
+from .grpc_messages import Abort, CallContext, GrpcStream, Messages, inflate_bounded, message_pieces
 from .tracing import RequestTracer
-from .h2 import H2Connection, H2Limits, H2Stream
+from .h2 import H2Connection, H2Limits
 from .h2.frames import PREFACE, u32, unpack_u32
 from .h2.hpack_cache import quiet_hpack_logging
 
@@ -39,28 +39,6 @@ _OPENED_CACHE = 64  # header lists remembered per connection (all forgotten when
 _NOT_METADATA = frozenset(("content-type", "te", "user-agent", "grpc-accept-encoding", "grpc-timeout", "grpc-encoding"))
 
 
-class _GrpcStream(H2Stream):
-    __slots__ = ("method", "context", "encoding", "prefix", "need", "flag", "chunks", "have", "request",
-                 "requests", "task", "messages", "deadline_handle", "finished")
-
-    def __init__(self, sid: int, recv_window: int, send_window: int) -> None:
-        super().__init__(sid, recv_window, send_window)
-        self.method: tuple | None = None  # (handler, parse, streaming)
-        self.context: CallContext | None = None
-        self.encoding: str | None = None
-        self.prefix = b""  # the 5-byte message prefix, while incomplete
-        self.need = -1  # length of the message being assembled (-1: reading a prefix)
-        self.flag = 0
-        self.chunks: list = []
-        self.have = 0
-        self.request: tuple | None = None  # unary: (flag, message)
-        self.requests = 0
-        self.task: asyncio.Future | None = None  # the call's task, or an express request's future
-        self.messages: Messages | None = None
-        self.deadline_handle: asyncio.TimerHandle | None = None
-        self.finished = False  # a status was sent or the stream was dropped
-
-
 def _method_table(servicer: InferenceServicer) -> dict[str, tuple]:
     """path -> (handler, request parser, streaming?, express lane or None) for every method of the service."""
     table = {}
@@ -71,17 +49,8 @@ def _method_table(servicer: InferenceServicer) -> dict[str, tuple]:
         table[_SERVICE + method.name] = (getattr(servicer, method.name), request_cls.FromString, streaming, None)
     # inference takes the messages' bytes: the servicer's request templates decode them (protocol/grpc_templates.py)
     table[_SERVICE + "ModelInfer"] = (servicer.ModelInferBytes, bytes, False, servicer.express)
-    table[_SERVICE + "ModelStreamInfer"] = (servicer.ModelStreamInferBytes, bytes, True, None)
+    table[_SERVICE + "ModelStreamInfer"] = (servicer.ModelStreamInferBytes, bytes, True, servicer.express)
     return table
-
-
-def _pieces(response) -> list:
-    """A handler's response as the pieces of the message's bytes: a list of them (the answer templates'), bytes, or
-    a protobuf message."""
-    kind = type(response)
-    if kind is list:
-        return response
-    return [response if kind is bytes else response.SerializeToString()]
 
 
 class GrpcConnection(H2Connection):
@@ -91,11 +60,11 @@ class GrpcConnection(H2Connection):
         super().__init__(server)
         self._opened: dict[int, tuple] = {}  # id(header list) -> what it means for a call (`_open`)
 
-    def new_stream(self, sid: int) -> _GrpcStream:
-        return _GrpcStream(sid, self._limits.stream_window_bytes, self._peer_window)
+    def new_stream(self, sid: int) -> GrpcStream:
+        return GrpcStream(sid, self._limits.stream_window_bytes, self._peer_window)
 
     # ---- requests ----
-    def stream_opened(self, stream: _GrpcStream, headers: list) -> None:
+    def stream_opened(self, stream: GrpcStream, headers: list) -> None:
         # a header list the HPACK cache gave before (the same object: repeated blocks decode to it) means the same
         opened = self._opened.get(id(headers))
         if opened is None or opened[0] is not headers:
@@ -113,7 +82,7 @@ class GrpcConnection(H2Connection):
             stream.messages = Messages(self, stream)
             stream.task = self._loop.create_task(self._run_streaming(stream))
 
-    def _open(self, stream: _GrpcStream, headers: list) -> tuple | None:
+    def _open(self, stream: GrpcStream, headers: list) -> tuple | None:
         """(headers, method, timeout, encoding, metadata) of a call's headers, or None when they end it at once."""
         path = timeout = encoding = None
         metadata = []
@@ -143,7 +112,7 @@ class GrpcConnection(H2Connection):
         opened[id(headers)] = known = (headers, method, timeout, encoding, metadata)  # holds the list: ids stay
         return known
 
-    def stream_data(self, stream: _GrpcStream, data: bytes) -> None:
+    def stream_data(self, stream: GrpcStream, data: bytes) -> None:
         """Split DATA into length-prefixed messages: each byte is copied at most once (into the
         join of a message that spans frames), never the whole buffer per frame."""
         if stream.finished or stream.method is None:
@@ -179,7 +148,7 @@ class GrpcConnection(H2Connection):
                 stream.chunks = []
                 self._message(stream, message)
 
-    def _read_prefix(self, stream: _GrpcStream, data: bytes, pos: int) -> int:
+    def _read_prefix(self, stream: GrpcStream, data: bytes, pos: int) -> int:
         take = 5 - len(stream.prefix)
         prefix = stream.prefix + data[pos:pos + take]
         pos += take
@@ -198,19 +167,20 @@ class GrpcConnection(H2Connection):
         stream.have = 0
         return pos
 
-    def _message(self, stream: _GrpcStream, message: bytes) -> None:
+    def _message(self, stream: GrpcStream, message: bytes) -> None:
         """A complete message (held in the buffer budget until its handler has it)."""
         stream.need = -1
         stream.have = 0
         stream.requests += 1
         if stream.messages is not None:
-            stream.messages.put((stream.flag, message))
+            if stream.flag or stream.method[3] is None or not self._stream_express(stream, message):
+                stream.messages.put((stream.flag, message))
         elif stream.request is None:
             stream.request = (stream.flag, message)
         else:
             self.release(stream, len(message))
 
-    def stream_ended(self, stream: _GrpcStream) -> None:
+    def stream_ended(self, stream: GrpcStream) -> None:
         if stream.finished or stream.method is None:
             return
         partial = stream.need >= 0 or stream.prefix
@@ -238,12 +208,30 @@ class GrpcConnection(H2Connection):
                 return
         stream.task = self._loop.create_task(self._run_unary(stream, flag, message))
 
-    def _express_reply(self, stream: _GrpcStream, result) -> None:
+    def _stream_express(self, stream: GrpcStream, message: bytes) -> bool:
+        """A ModelStreamInfer message served from its plan beside the handler (grpc_express.py), its answer sent on
+        the stream when ready; False when the handler must take it."""
+        try:
+            future = stream.method[3].serve_streamed(message, stream.deadline_handle is not None,
+                                                     lambda pieces: self._send_message(stream, pieces, last=False))
+        except Exception:  # noqa: BLE001 - a bug there must not end the connection: the handler serves it
+            log.exception("express lane failed; served the full way")
+            return False
+        if future is None:
+            return False
+        self.release(stream, len(message))
+        if stream.inflight is None:
+            stream.inflight = set()
+        stream.inflight.add(future)
+        future.add_done_callback(stream.inflight.discard)
+        return True
+
+    def _express_reply(self, stream: GrpcStream, result) -> None:
         if type(result) is Abort:
             return self.finish(stream, result.code, result.details, result.trailers)
         self._send_message(stream, result, last=True)
 
-    async def parse(self, stream: _GrpcStream, flag: int, message: bytes):
+    async def parse(self, stream: GrpcStream, flag: int, message: bytes):
         """A request message as protobuf: inflated first (off the loop when large), bounded."""
         if flag:
             limit = self._limits.max_message_bytes
@@ -257,7 +245,7 @@ class GrpcConnection(H2Connection):
             raise Abort(grpc.StatusCode.INTERNAL, f"error parsing request message: {exc}") from None
 
     # ---- calls ----
-    async def _run_unary(self, stream: _GrpcStream, flag: int, message: bytes) -> None:
+    async def _run_unary(self, stream: GrpcStream, flag: int, message: bytes) -> None:
         try:
             request = await self.parse(stream, flag, message)
             del message
@@ -271,14 +259,16 @@ class GrpcConnection(H2Connection):
             return self.finish(stream, grpc.StatusCode.UNKNOWN, f"Unexpected error: {type(exc).__name__}: {exc}")
         if response is None:
             return self.finish(stream, grpc.StatusCode.INTERNAL, "handler returned no response")
-        self._send_message(stream, _pieces(response), last=True)
+        self._send_message(stream, message_pieces(response), last=True)
 
-    async def _run_streaming(self, stream: _GrpcStream) -> None:
+    async def _run_streaming(self, stream: GrpcStream) -> None:
         try:
             async for response in stream.method[0](stream.messages, stream.context):
                 if stream.finished:
                     return
-                self._send_message(stream, _pieces(response), last=False)
+                self._send_message(stream, message_pieces(response), last=False)
+            if stream.inflight:  # messages served from their plans: answered before the status
+                await asyncio.wait(list(stream.inflight))
         except asyncio.CancelledError:
             return
         except Abort as exc:
@@ -288,13 +278,13 @@ class GrpcConnection(H2Connection):
             return self.finish(stream, grpc.StatusCode.UNKNOWN, f"Unexpected error: {type(exc).__name__}: {exc}")
         self.finish(stream, grpc.StatusCode.OK, "")
 
-    def _deadline_passed(self, stream: _GrpcStream) -> None:
+    def _deadline_passed(self, stream: GrpcStream) -> None:
         stream.deadline_handle = None
         if not stream.finished:
             self.finish(stream, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     # ---- responses ----
-    def _send_message(self, stream: _GrpcStream, pieces: list, last: bool) -> None:
+    def _send_message(self, stream: GrpcStream, pieces: list, last: bool) -> None:
         """One response message, given as the pieces of its bytes (+ the OK trailers when `last`), headers first if
         not yet sent."""
         if stream.finished:
@@ -307,13 +297,14 @@ class GrpcConnection(H2Connection):
         self.send(stream, head, (b"\x00" + u32(sum(map(len, pieces))), *pieces),
                   OK_TRAILERS_BLOCK if last else None)
 
-    def finish(self, stream: _GrpcStream, code: grpc.StatusCode, message: str, trailers: tuple = ()) -> None:
+    def finish(self, stream: GrpcStream, code: grpc.StatusCode, message: str, trailers: tuple = ()) -> None:
         """End a call with a status: trailers after what was sent, or trailers-only."""
         if stream.finished:
             return
         stream.finished = True
         if stream.task is not None and stream.task is not asyncio.current_task():
             stream.task.cancel()
+        stream.cancel_inflight()
         if stream.messages is not None and not stream.remote_closed:
             stream.messages.put(None)
         block = status_block(code.value[0], message, trailers)
@@ -322,13 +313,15 @@ class GrpcConnection(H2Connection):
             block = RESPONSE_HEADERS_BLOCK + block
         self.send(stream, None, (), block)
 
-    def stream_closed(self, stream: _GrpcStream, reset: bool) -> None:
+    def stream_closed(self, stream: GrpcStream, reset: bool) -> None:
         stream.finished = True
         if stream.deadline_handle is not None:
             stream.deadline_handle.cancel()
             stream.deadline_handle = None
         if reset and stream.task is not None and not stream.task.done():
             stream.task.cancel()
+        if reset:
+            stream.cancel_inflight()
         stream.chunks = []
         stream.request = None
         self._server.stream_closed()

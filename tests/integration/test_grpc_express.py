@@ -262,3 +262,70 @@ async def test_each_message_gets_its_own_id_from_one_plan(repo):
         # not plain are keys of their own, each seen at most twice; the first message without an id (the skeleton
         # known) teaches its plan, the other two express
         assert served(fast) == 3 + 5 + 2
+
+
+async def open_stream(app: App):
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.ports['grpc']}")
+    return channel, channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")()
+
+
+@pytest.mark.asyncio
+async def test_stream_messages_in_flight_are_all_answered_before_the_status(repo):
+    """Messages served from their plan beside the stream's handler (grpc_native: `_stream_express`), written back to
+    back and the stream half-closed at once: every one answered, with its own id and rows, and then the OK status."""
+    async with serving(repo) as (app, _):
+        channel, call = await open_stream(app)
+        for index in (1, 2, 3):  # learn the plan (of two-character ids), one at a time
+            await call.write(message("gather", {"INDICES": ("INT64", np.array([[index]], np.int64))},
+                                     request_id=str(90 + index)))
+            assert not pb.ModelStreamInferResponse.FromString(await asyncio.wait_for(call.read(), TIMEOUT_S)) \
+                .error_message
+        before = served(app)
+        sent = {str(10 + i): i % 8 for i in range(24)}
+        for request_id, index in sent.items():
+            await call.write(message("gather", {"INDICES": ("INT64", np.array([[index]], np.int64))},
+                                     request_id=request_id))
+        await call.done_writing()
+        got = {}
+        while (raw := await asyncio.wait_for(call.read(), TIMEOUT_S)) is not grpc.aio.EOF:
+            answer = pb.ModelStreamInferResponse.FromString(raw)
+            assert not answer.error_message
+            got[answer.infer_response.id] = np.frombuffer(answer.infer_response.raw_output_contents[0], np.float32)
+        assert await call.code() == grpc.StatusCode.OK
+        await channel.close()
+        assert served(app) - before == len(sent) and sorted(got) == sorted(sent)
+        for request_id, index in sent.items():
+            assert np.array_equal(got[request_id], TABLE[index])
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_stream_costs_nobody_else(repo):
+    """A stream cancelled while a message served from its plan waits (`gather_pair` keeps a lone one waiting): the
+    server forgets it, and the next pair of unary calls is answered, each with its own rows."""
+    async with serving(repo) as (app, infer):
+        for i, j in ((1, 2), (3, 4)):  # learn the plan
+            answers = await asyncio.gather(call(infer, gather(i, "gather_pair")), call(infer, gather(j, "gather_pair")))
+            assert [r[0] for r in answers] == [grpc.StatusCode.OK] * 2
+        channel, stream = await open_stream(app)
+        before = served(app)
+        await stream.write(gather(7, "gather_pair"))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TIMEOUT_S
+        while served(app) == before:  # until the server has taken it (its state in this process)
+            assert loop.time() < deadline, "the stream's message was never served from its plan"
+            await asyncio.sleep(0.005)
+        stream.cancel()
+        batcher = app.dataplane.express_model("gather_pair").executor.batcher
+        while True:  # until the server has seen the cancel: the message's future is done, and purged from the queue
+            batcher.purge_done()
+            if not batcher.pending:
+                break
+            assert loop.time() < deadline, "the cancelled stream's message stayed queued"
+            await asyncio.sleep(0.005)
+        await channel.close()
+        answers = await asyncio.gather(call(infer, gather(5, "gather_pair")), call(infer, gather(6, "gather_pair")))
+        for index, (code, _, _, raw) in zip((5, 6), answers):
+            assert code == grpc.StatusCode.OK
+            answer = pb.ModelInferResponse.FromString(raw)
+            assert np.array_equal(np.frombuffer(answer.raw_output_contents[0], np.float32), TABLE[index])
+        assert (await stats(app, "gather_pair"))["inference_stats"]["success"]["count"] == 6
