@@ -53,7 +53,7 @@ from .model_control import ModelControl, Readiness
 from .outputs import make_outputs
 from .pipeline import Pipeline, PipelineSet
 from .registry import READY, LoadedModel, ModelRegistry
-from .request_checks import check_inputs, check_outputs, check_request
+from .request_checks import check_inputs, check_outputs, check_region, check_request, read_shm_input
 from .response_cache import ResponseCache, serve_cached
 from .shared_memory import CudaSharedMemory, SystemSharedMemory
 from .trace_context import RequestTrace
@@ -192,7 +192,8 @@ class DataPlane:
         """The loaded model that `infer` would hand a plain request for `name` / `version` to at once (`_infer_here`:
         its queue, nothing else), or None where anything else decides: draining, a pipeline or ensemble of that name,
         peers, a response cache, a model not loaded or not ready. A plain request: no parameters but
-        `binary_data_output`, no shared memory, no timeout of its own, a form already checked on that model."""
+        `binary_data_output`, no timeout of its own, a form already checked on that model (its regions looked up
+        for each request: `express_regions`, `express_outputs`)."""
         if self._readiness.draining or self._response_cache is not None or self._is_pipeline(name):
             return None
         fleet = self._fleet
@@ -209,6 +210,20 @@ class DataPlane:
         it (the outputs in model order); Unavailable / QueueFull as there."""
         deadline_s = time.monotonic() + self._default_timeout_s if self._default_timeout_s > 0 else None
         return model.executor.submit(feeds, batch_size, shape_key, priority, deadline_s)
+
+    def express_regions(self, inputs: Sequence[Tensor], outputs: Sequence | None) -> dict:
+        """An express request's inputs in system shared memory read from their regions, and its outputs' regions
+        looked up again, as check_request does for a checked form (InvalidArgument as there)."""
+        shm = self._shm
+        feeds = {t.name: read_shm_input(t, shm) for t in inputs}
+        for out in outputs or ():
+            if out.in_shared_memory:
+                check_region(out, shm)
+        return feeds
+
+    def express_outputs(self, model: LoadedModel, arrays: list, requested: Sequence | None) -> list[Tensor]:
+        """An express request's response tensors, as `_infer_here` makes them (outputs in shared memory written)."""
+        return make_outputs(model, arrays, None if requested is None else list(requested), self._shm)
 
     @staticmethod
     def express_failed(model: LoadedModel, start_ns: int) -> None:

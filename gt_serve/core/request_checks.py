@@ -66,7 +66,7 @@ def _recheck(requested: tuple[RequestedOutput, ...] | None, shm: SystemSharedMem
         return None
     for out in requested:
         if out.in_shared_memory:
-            _check_region(out, shm)
+            check_region(out, shm)
     return list(requested)
 
 
@@ -157,11 +157,11 @@ def check_outputs(model: LoadedModel, outputs: list[RequestedOutput] | None,
         if k is not None and region:
             raise InvalidArgument(f"output '{out.name}': classification cannot be written to shared memory")
         if region:
-            _check_region(out, shm)
+            check_region(out, shm)
     return outputs
 
 
-def _check_region(out: RequestedOutput, shm: SystemSharedMemory) -> None:
+def check_region(out: RequestedOutput, shm: SystemSharedMemory) -> None:
     """An output's region, offset and size (the region registered, the extent inside it); nothing is written."""
     p = out.parameters
     shm.check(p["shared_memory_region"], p.get("shared_memory_offset", 0), p.get("shared_memory_byte_size"),

@@ -7,7 +7,7 @@ in the message, the checked batch size and shape key, which outputs go back, and
 shapes. A `Plan` holds that; an express lane serves a later request from it, straight from the transport's callback
 to the model's queue and from the future's callback back to the transport (issue #17, DESIGN-NOTES departure 17).
 
-`plannable` says whether a request served the full way may be planned: made from a skeleton, no shared memory, no
+`plannable` says whether a request served the full way may be planned: made from a skeleton, no
 classification, no parameters but `binary_data_output` (the data plane neither echoes nor pops it), and the data
 plane serving its model straight from its queue (`DataPlane.express_model`). The transports add their own conditions
 (tracing off; no compression, no deadline of the call's own, the token right) before they learn or serve.
@@ -32,16 +32,16 @@ def plannable(dataplane: Any, request: InferRequest) -> tuple[Any, tuple, tuple 
     """(loaded model, its checked form, the returned outputs' indices in model order or None for all) when
     `request`, just served the full way, may be planned; else None."""
     form = request.form
-    if form is None or form.in_shm or not _PLANNED_PARAMETERS.issuperset(form.params) or request.deadline_s:
+    if form is None or not _PLANNED_PARAMETERS.issuperset(form.params) or request.deadline_s:
         return None
     model = dataplane.express_model(request.model_name, request.model_version)
     checked = None if model is None else model.checked_forms.get(form)
-    if checked is None or checked[3]:  # not checked on this model, or in shared memory
+    if checked is None:  # not checked on this model
         return None
     requested = checked[2]
     if requested is None:
         return model, checked, None
-    if any(o.parameters.get("classification") is not None or o.in_shared_memory for o in requested):
+    if any(o.parameters.get("classification") is not None for o in requested):
         return None
     order = model.spec.output_order
     return model, checked, tuple(order.index(o.name) for o in requested)
@@ -49,18 +49,25 @@ def plannable(dataplane: Any, request: InferRequest) -> tuple[Any, tuple, tuple 
 
 class Plan:
     """What a request of one planned form needs; `inputs`: (name, numpy dtype, elements, start in the message,
-    shape) per input, the starts the transport's."""
+    shape) per input with data in the message, the starts the transport's; `shm_inputs`: the inputs in system
+    shared memory (tensors without data), read for each request; `requested`: the checked requested outputs (None:
+    all), `shm_outputs` whether any is written to a region (the answer is then made as the full path makes it)."""
 
     __slots__ = ("model", "name", "version", "inputs", "batch_size", "shape_key", "priority", "picks", "names",
-                 "datatypes", "request", "answers")
+                 "datatypes", "request", "answers", "shm_inputs", "requested", "shm_outputs", "regions")
 
     def __init__(self, model: Any, request: InferRequest, checked: tuple, picks: tuple | None, starts) -> None:
         form = request.form
         spec = model.spec
         self.model = model
         self.name, self.version = request.model_name, request.model_version
-        self.inputs = tuple((name, dtype, count, start, shape)
-                            for (name, _, shape, _, dtype, count), start in zip(form.inputs, starts))
+        self.inputs = tuple((name, dtype, count, start, shape) for (name, _, shape, _, dtype, count), start
+                            in zip([entry for entry in form.inputs if entry[4] is not None], starts))
+        self.shm_inputs = tuple(Tensor(name, datatype, shape, None, params)
+                                for name, datatype, shape, params, dtype, _ in form.inputs if dtype is None)
+        self.requested = checked[2]
+        self.shm_outputs = self.requested is not None and any(o.in_shared_memory for o in self.requested)
+        self.regions = bool(self.shm_inputs) or self.shm_outputs  # looked up for each request
         self.batch_size, self.shape_key = checked[0], checked[1]
         self.priority = form.priority
         self.picks = picks
@@ -82,7 +89,10 @@ class Plan:
         when the queue refuses it (a full queue, an unloading model: the full path gives that error and counts it).
         A bug below is answered as the full path answers one: the future holds it."""
         try:
-            return dataplane.express_submit(model, self.feeds(buffer), self.batch_size, self.shape_key, self.priority)
+            feeds = self.feeds(buffer)
+            if self.regions:  # inputs read, output regions looked up: what fails there, the full path answers
+                feeds.update(dataplane.express_regions(self.shm_inputs, self.requested))
+            return dataplane.express_submit(model, feeds, self.batch_size, self.shape_key, self.priority)
         except GtServeError:
             return None
         except Exception as exc:  # noqa: BLE001 - see above
@@ -91,9 +101,10 @@ class Plan:
             return future
 
     def outputs(self, arrays: list) -> list:
-        """The returned outputs of a batch's per-request result (model order), in the answer's order."""
+        """The returned outputs of a batch's per-request result (model order), in the answer's order (model order
+        still for a plan with outputs in shared memory: `DataPlane.express_outputs` takes them so)."""
         picks = self.picks
-        return arrays if picks is None else [arrays[i] for i in picks]
+        return arrays if picks is None or self.shm_outputs else [arrays[i] for i in picks]
 
     def tensors(self, outputs: list) -> list[Tensor]:
         """The response's tensors, as DataPlane's make_outputs makes them for this form."""
@@ -121,5 +132,7 @@ def settle(future, plan: Plan, request_id: str, dataplane: Any, start_ns: int,
                 dataplane.express_failed(plan.model, start_ns)
             result = failed(exc)
     except Exception as exc:  # noqa: BLE001 - the request must get an answer
+        if isinstance(exc, GtServeError):  # an output's region gone since: counted as the full path counts it
+            dataplane.express_failed(plan.model, start_ns)
         result = failed(exc)
     reply(result)

@@ -329,3 +329,80 @@ async def test_a_cancelled_stream_costs_nobody_else(repo):
             answer = pb.ModelInferResponse.FromString(raw)
             assert np.array_equal(np.frombuffer(answer.raw_output_contents[0], np.float32), TABLE[index])
         assert (await stats(app, "gather_pair"))["inference_stats"]["success"]["count"] == 6
+
+
+def shm_gather(out_region: str, in_offset: int) -> bytes:
+    """A gather_pair ModelInfer whose INDICES are read from region `in` at `in_offset` and whose OUTPUT is written to
+    `out_region` (perf_analyzer --shared-memory system's layout: no raw_input_contents at all)."""
+    req = pb.ModelInferRequest(model_name="gather_pair")
+    tensor = req.inputs.add(name="INDICES", datatype="INT64", shape=[1, 1])
+    tensor.parameters["shared_memory_region"].string_param = "in"
+    tensor.parameters["shared_memory_offset"].int64_param = in_offset
+    tensor.parameters["shared_memory_byte_size"].int64_param = 8
+    out = req.outputs.add(name="OUTPUT")
+    out.parameters["shared_memory_region"].string_param = out_region
+    out.parameters["shared_memory_byte_size"].int64_param = 16
+    return req.SerializeToString()
+
+
+@pytest.mark.asyncio
+async def test_inputs_and_outputs_in_shared_memory_are_served_from_plans(repo):
+    """Pairs of gather_pair calls with INDICES read from a region and OUTPUT written to one, each server with its
+    own regions under the same names: the full path's answers, rows and statistics; an output region unregistered
+    while its request waits in the queue fails that request at its answer, as the full path fails it."""
+    import tritonclient.grpc.aio as grpcclient
+    import tritonclient.utils.shared_memory as shm
+
+    tag = f"gt_grpc_express_{id(repo)}"
+    sizes = {"in": 16, "outA": 16, "outB": 16}
+    handles = {}
+    try:
+        for server in ("fast", "full"):
+            for region, size in sizes.items():
+                handles[server, region] = shm.create_shared_memory_region(f"{tag}_{server}_{region}",
+                                                                          f"/{tag}_{server}_{region}", size)
+        async with serving(repo) as (fast, fast_infer), serving(repo, express=False) as (full, full_infer):
+            servers = {"fast": (fast, fast_infer), "full": (full, full_infer)}
+            clients = {s: grpcclient.InferenceServerClient(f"127.0.0.1:{app.ports['grpc']}")
+                       for s, (app, _) in servers.items()}
+            for server, client in clients.items():
+                for region, size in sizes.items():
+                    await client.register_system_shared_memory(region, f"/{tag}_{server}_{region}", size)
+            first, second = shm_gather("outA", 0), shm_gather("outB", 8)
+            for i, j in ((1, 2), (3, 4), (5, 6), (7, 8), (9, 0)):
+                answers = {}
+                for server, (app, infer) in servers.items():
+                    shm.set_shared_memory_region(handles[server, "in"], [np.array([[i], [j]], np.int64)])
+                    answers[server] = await asyncio.gather(call(infer, first), call(infer, second))
+                    for index, region in ((i, "outA"), (j, "outB")):
+                        row = shm.get_contents_as_numpy(handles[server, region], np.float32, [1, 1, 4])
+                        assert np.array_equal(row.reshape(4), TABLE[index]), (server, region)
+                assert answers["fast"] == answers["full"]
+                assert [a[0] for a in answers["fast"]] == [grpc.StatusCode.OK] * 2
+            assert served(fast) == 4  # pairs 1-2 decoded in full, pair 3 planned each form, pairs 4-5 express
+            results = {}
+            for server, (app, infer) in servers.items():
+                lone = asyncio.ensure_future(call(infer, first))
+                batcher = app.dataplane.express_model("gather_pair").executor.batcher
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + TIMEOUT_S
+                while not batcher.pending:  # queued, waiting for its partner (the server's state in this process)
+                    assert loop.time() < deadline, "the lone call was never queued"
+                    await asyncio.sleep(0.005)
+                await clients[server].unregister_system_shared_memory("outA")
+                partner = await call(infer, second)
+                results[server] = (await asyncio.wait_for(lone, TIMEOUT_S), partner)
+            assert results["fast"] == results["full"]
+            (code, details, _, _), partner = results["fast"]
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "outA" in details
+            assert partner[0] == grpc.StatusCode.OK
+            assert served(fast) == 6
+            for client in clients.values():
+                await client.unregister_system_shared_memory()
+                await client.close()
+            got, want = await stats(fast, "gather_pair"), await stats(full, "gather_pair")
+            assert_same_counts(got, want)
+            assert got["inference_stats"]["fail"]["count"] == 1
+    finally:
+        for handle in handles.values():
+            shm.destroy_shared_memory_region(handle)

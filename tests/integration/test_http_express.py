@@ -109,7 +109,7 @@ class Connection:
 
 
 def outputs_of(body: bytes, headers: dict) -> dict[str, np.ndarray]:
-    """The answer's outputs by name, binary or JSON."""
+    """The answer's outputs by name, binary or JSON (not those written to shared memory)."""
     n = int(headers.get("inference-header-content-length", len(body)))
     doc = orjson.loads(body[:n])
     arrays, at = {}, n
@@ -117,6 +117,8 @@ def outputs_of(body: bytes, headers: dict) -> dict[str, np.ndarray]:
         dtype = {"INT32": np.int32, "FP32": np.float32}[out["datatype"]]
         if "data" in out:
             arrays[out["name"]] = np.array(out["data"], dtype).reshape(out["shape"])
+            continue
+        if "parameters" not in out:  # written to a shared-memory region
             continue
         size = out["parameters"]["binary_data_size"]
         arrays[out["name"]] = np.frombuffer(body[at:at + size], dtype).reshape(out["shape"])
@@ -409,3 +411,98 @@ async def test_each_request_gets_its_own_id_from_one_plan(repo):
         # "11"-"13" express; the first UUID teaches the plan of its length, the other five express; ids that are
         # not plain are keys of their own, each seen at most twice: never planned
         assert served(fast) == 3 + 5
+
+
+# ---- inputs and outputs in system shared memory (perf_analyzer --shared-memory system) ----
+
+def shm_request(inputs: dict, outputs: dict) -> bytes:
+    """An infer request for `simple` whose inputs are (region, offset) or an array (binary), and whose outputs are
+    (region, offset) or None (binary)."""
+    doc_inputs, blobs = [], []
+    for name, where in inputs.items():
+        if isinstance(where, np.ndarray):
+            doc_inputs.append({"name": name, "datatype": "INT32", "shape": [1, 16],
+                               "parameters": {"binary_data_size": where.nbytes}})
+            blobs.append(where.tobytes())
+        else:
+            doc_inputs.append({"name": name, "datatype": "INT32", "shape": [1, 16], "parameters": {
+                "shared_memory_region": where[0], "shared_memory_offset": where[1], "shared_memory_byte_size": 64}})
+    doc_outputs = [{"name": name, "parameters": {"binary_data": True} if where is None else {
+        "shared_memory_region": where[0], "shared_memory_offset": where[1], "shared_memory_byte_size": 64}}
+        for name, where in outputs.items()]
+    head = orjson.dumps({"inputs": doc_inputs, "outputs": doc_outputs})
+    body = head + b"".join(blobs)
+    return (f"POST /v2/models/simple/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/octet-stream\r\n"
+            f"Inference-Header-Content-Length: {len(head)}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def region_request(name: str, action: str, key: str = "", byte_size: int = 0) -> bytes:
+    body = orjson.dumps({"key": key, "offset": 0, "byte_size": byte_size}) if action == "register" else b""
+    return (f"POST /v2/systemsharedmemory/region/{name}/{action} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+@pytest.mark.asyncio
+async def test_inputs_and_outputs_in_shared_memory_are_served_from_plans(repo):
+    """Forms with inputs read from regions and outputs written to regions (all, or mixed with binary ones), each
+    sent six times with new data: the full path's answer bytes and statistics, the outputs in each server's own
+    regions; a region unregistered or registered too small since is the full path's error."""
+    import tritonclient.utils.shared_memory as shm
+
+    tag = f"gt_express_{id(repo)}"
+    handles = {}
+    try:
+        for server in ("fast", "full"):
+            for side in ("in", "out"):
+                handles[server, side] = shm.create_shared_memory_region(f"{tag}_{server}_{side}",
+                                                                        f"/{tag}_{server}_{side}", 128)
+        async with serving(repo) as fast, serving(repo, express=False) as full:
+            conns = {"fast": await Connection.open(fast), "full": await Connection.open(full)}
+            for server, conn in conns.items():
+                for side in ("in", "out"):
+                    (answer,) = await conn.send(region_request(side, "register", f"/{tag}_{server}_{side}", 128))
+                    assert answer[0] == 200, answer[2]
+            forms = [({"INPUT0": ("in", 0), "INPUT1": ("in", 64)}, {"OUTPUT0": ("out", 0), "OUTPUT1": ("out", 64)}),
+                     ({"INPUT0": ("in", 0), "INPUT1": ("in", 64)}, {"OUTPUT0": None, "OUTPUT1": None}),
+                     ({"INPUT0": None, "INPUT1": ("in", 64)}, {"OUTPUT1": ("out", 64), "OUTPUT0": None})]
+            rng = np.random.default_rng(23)
+            for inputs, outputs in forms:
+                for _ in range(6):
+                    a, b = simple_pair(rng)
+                    for server in conns:
+                        shm.set_shared_memory_region(handles[server, "in"], [a, b])
+                    request = shm_request({n: a if w is None else w for n, w in inputs.items()}, outputs)
+                    (got,), (want,) = [await c.send(request) for c in conns.values()]
+                    assert got[0] == 200 and got[3] == want[3], got[2]
+                    expect = {"OUTPUT0": a + b, "OUTPUT1": a - b}
+                    for name, where in outputs.items():
+                        if where is None:
+                            assert np.array_equal(outputs_of(got[2], got[1])[name], expect[name])
+                            continue
+                        for server in conns:
+                            written = shm.get_contents_as_numpy(handles[server, "out"], np.int32, [1, 16],
+                                                                offset=where[1])
+                            assert np.array_equal(written, expect[name]), (server, name)
+            assert served(fast) == len(forms) * 3
+            before = served(fast)
+            request = shm_request(*forms[0])
+            for region, key_size in (("out", 128), ("in", 128), ("out", 64)):  # gone; gone; too small
+                for server, conn in conns.items():
+                    await conn.send(region_request(region, "unregister"))
+                    if region == "out" and key_size == 64:
+                        await conn.send(region_request(region, "register", f"/{tag}_{server}_{region}", 64))
+                (got,), (want,) = [await c.send(request) for c in conns.values()]
+                assert got[0] == 400 and got[3] == want[3]
+                assert "out" in orjson.loads(got[2])["error"] or "in" in orjson.loads(got[2])["error"]
+                for server, conn in conns.items():
+                    await conn.send(region_request(region, "unregister"))
+                    await conn.send(region_request(region, "register", f"/{tag}_{server}_{region}", 128))
+            assert served(fast) == before  # looked up before the model's queue: the full path answered them
+            for c in conns.values():
+                await c.close()
+            got, want = await stats(fast, "simple"), await stats(full, "simple")
+            assert_same_counts(got, want)
+            assert got["inference_stats"]["fail"]["count"] == 3
+    finally:
+        for handle in handles.values():
+            shm.destroy_shared_memory_region(handle)
