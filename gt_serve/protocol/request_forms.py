@@ -135,7 +135,9 @@ def plain_id(raw: bytes) -> bool:
     request ("0", "1", ...), and a tritonclient user may give each its own (a UUID): such an id is kept out of the
     request and answer templates' keys and put back in each request and answer, so that every request of one form
     shares one skeleton, plan and answer."""
-    return len(raw) <= MAX_PLAIN_ID and not raw.translate(None, _PLAIN_ID_BYTES)
+    if len(raw) > MAX_PLAIN_ID:
+        return False
+    return raw.isalnum() or not raw.translate(None, _PLAIN_ID_BYTES)  # ASCII letters and digits: the usual ids
 
 
 def id_class(request_id: str) -> int | str:
@@ -159,7 +161,7 @@ def json_id(part: bytes) -> tuple[bytes, str] | None:
     else:
         return None
     end = part.find(b'"', at)
-    if end < 0 or b'"id"' in part[end:] or b"\\" in part:
+    if end < 0 or part.find(b'"id"', end) >= 0 or b"\\" in part:
         return None
     raw = part[at:end]
     if not plain_id(raw):
