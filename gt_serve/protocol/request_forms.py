@@ -166,6 +166,8 @@ def json_id(part: bytes) -> tuple[bytes, str] | None:
     raw = part[at:end]
     if not plain_id(raw):
         return None
+    if end == at:  # an empty id (perf_analyzer's without --async): the part is its own key
+        return part, ""
     return part[:at] + part[end:], raw.decode("ascii")
 
 
