@@ -53,7 +53,8 @@ class HttpExpress:
         self._trace_settings = trace_settings
         self._max_json_bytes = max_json_bytes
         self._capacity = capacity
-        self._plans: dict[tuple, tuple[Plan, int]] = {}  # (path, JSON part) -> (plan, binary bytes)
+        # (path, JSON part or json_id's key, its length) -> (plan, binary bytes, keyed without the id)
+        self._plans: dict[tuple, tuple[Plan, int, bool]] = {}
         self.served = 0
 
     def _header_length(self, req: Request) -> int | None:
@@ -89,7 +90,7 @@ class HttpExpress:
         if len(self._plans) >= self._capacity:
             self._plans.clear()
         plan = Plan(model, infer_req, checked, picks, [n + offset for offset in form.offsets])
-        self._plans[(req.path, key, n)] = (plan, form.total)
+        self._plans[(req.path, key, n)] = (plan, form.total, keyed is not None)
 
     def serve(self, req: Request, reply: Callable[[Response], None]) -> Any:
         """Submit `req` from its plan and return its future (cancel it if the connection goes); `reply(response)`
@@ -98,18 +99,22 @@ class HttpExpress:
         if n is None:
             return None
         body = req.body
-        json_part = bytes(body[:n])
-        keyed = json_id(json_part)
-        if keyed is None:
-            key, request_id = (req.path, json_part, n), None
-        else:
-            key, request_id = (req.path, keyed[0], n), keyed[1]
+        key = (req.path, bytes(body[:n]), n)
         known = self._plans.get(key)
-        if known is None or len(body) - n != known[1]:
+        if known is not None:  # the JSON part as it was keyed: with the id "" when keyed without the id
+            request_id = "" if known[2] else known[0].request.id
+        else:  # a JSON part with an id of its own
+            keyed = json_id(key[1])
+            if keyed is None:
+                return None
+            key = (req.path, keyed[0], n)
+            known = self._plans.get(key)
+            if known is None or not known[2]:
+                return None
+            request_id = keyed[1]
+        if len(body) - n != known[1]:
             return None
         plan = known[0]
-        if request_id is None:
-            request_id = plan.request.id
         model = self._dp.express_model(plan.name, plan.version)
         if model is not plan.model:  # reloaded, unloaded, or no longer served here alone: the full path decides
             del self._plans[key]
