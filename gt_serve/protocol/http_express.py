@@ -101,8 +101,8 @@ class HttpExpress:
         body = req.body
         key = (req.path, bytes(body[:n]), n)
         known = self._plans.get(key)
-        if known is not None:  # the JSON part as it was keyed: with the id "" when keyed without the id
-            request_id = "" if known[2] else known[0].request.id
+        if known is not None:  # the JSON part as it was keyed (an id cut out of it was "": its length is in the key)
+            request_id = known[0].request.id
         else:  # a JSON part with an id of its own
             keyed = json_id(key[1])
             if keyed is None:
