@@ -77,6 +77,24 @@ async def stats(app: App, model: str) -> dict:
     return (await app.dataplane.statistics(model))["model_stats"][0]
 
 
+async def cancel_once_queued(app: App, before: int, cancel, what: str) -> None:
+    """Once the express lane has taken `what` (its count past `before`: the server's state in this process), `cancel()`
+    it, and wait until the server has seen that: its request's future done, and purged from gather_pair's queue."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TIMEOUT_S
+    while served(app) == before:
+        assert loop.time() < deadline, f"{what} was never served from its plan"
+        await asyncio.sleep(0.005)
+    cancel()
+    batcher = app.dataplane.express_model("gather_pair").executor.batcher
+    while True:
+        batcher.purge_done()
+        if not batcher.pending:
+            break
+        assert loop.time() < deadline, f"{what} stayed queued after its cancel"
+        await asyncio.sleep(0.005)
+
+
 @pytest.mark.asyncio
 async def test_same_bytes_and_statistics_as_the_full_path(repo):
     forms = [{}, {"outputs": ["OUTPUT1", "OUTPUT0"]}, {"outputs": ["OUTPUT1"]}, {"request_id": "req-7"},
@@ -159,19 +177,7 @@ async def test_a_cancelled_call_costs_nobody_else(repo):
             assert [r[0] for r in await pair(i, j)] == [grpc.StatusCode.OK] * 2
         before = served(app)
         lone = infer(gather(7, "gather_pair"))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + TIMEOUT_S
-        while served(app) == before:  # until the server has taken it (its state in this process)
-            assert loop.time() < deadline, "the lone call was never served from its plan"
-            await asyncio.sleep(0.005)
-        lone.cancel()
-        batcher = app.dataplane.express_model("gather_pair").executor.batcher
-        while True:  # until the server has seen the cancel: its request's future is done, and purged from the queue
-            batcher.purge_done()
-            if not batcher.pending:
-                break
-            assert loop.time() < deadline, "the cancelled call stayed queued"
-            await asyncio.sleep(0.005)
+        await cancel_once_queued(app, before, lone.cancel, "the lone call")
         answers = await pair(5, 6)
         for index, (code, _, _, raw) in zip((5, 6), answers):
             assert code == grpc.StatusCode.OK
@@ -309,19 +315,7 @@ async def test_a_cancelled_stream_costs_nobody_else(repo):
         channel, stream = await open_stream(app)
         before = served(app)
         await stream.write(gather(7, "gather_pair"))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + TIMEOUT_S
-        while served(app) == before:  # until the server has taken it (its state in this process)
-            assert loop.time() < deadline, "the stream's message was never served from its plan"
-            await asyncio.sleep(0.005)
-        stream.cancel()
-        batcher = app.dataplane.express_model("gather_pair").executor.batcher
-        while True:  # until the server has seen the cancel: the message's future is done, and purged from the queue
-            batcher.purge_done()
-            if not batcher.pending:
-                break
-            assert loop.time() < deadline, "the cancelled stream's message stayed queued"
-            await asyncio.sleep(0.005)
+        await cancel_once_queued(app, before, stream.cancel, "the stream's message")
         await channel.close()
         answers = await asyncio.gather(call(infer, gather(5, "gather_pair")), call(infer, gather(6, "gather_pair")))
         for index, (code, _, _, raw) in zip((5, 6), answers):
