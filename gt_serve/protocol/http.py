@@ -89,7 +89,8 @@ class HttpFrontEnd:
         self._log_settings = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
                               "log_verbose_level": 0, "log_format": "default"}
         self._express = HttpExpress(dataplane, self._answers, auth=self._auth, trace_settings=self._trace_settings,
-                                    max_json_bytes=self._templates.max_json_bytes) if express else None
+                                    max_json_bytes=self._templates.max_json_bytes,
+                                    compress_min_bytes=compress_min_bytes) if express else None
         self._server = HttpServer(self._handle, express=self._express.serve if express else None,
                                   max_body_bytes=max_body_bytes, max_connections=max_connections,
                                   idle_timeout_s=idle_timeout_s, header_timeout_s=header_timeout_s,
@@ -280,9 +281,10 @@ class HttpFrontEnd:
                 return await self._tracer.serve(trace, lambda: self._decode(req, name, version), self._dp.infer,
                                                 lambda infer_req, resp: self._encode(req, infer_req, resp))
         infer_req = await self._decode(req, name, version)
-        response = self._encode(req, infer_req, await self._dp.infer(infer_req))
+        answer = await self._dp.infer(infer_req)
+        response = self._encode(req, infer_req, answer)
         if infer_req.form is not None and self._express is not None:  # made from a skeleton: may be planned
-            self._express.learn(req, infer_req, response)
+            self._express.learn(req, infer_req, answer)
         return response
 
     async def _decode(self, req: Request, name: str, version: str):

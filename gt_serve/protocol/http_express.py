@@ -7,12 +7,13 @@ and body length, arriving on an idle connection, is submitted to the model's que
 (`HttpExpress.serve`), and its answer written from the future's callback: no connection worker wake-up, no
 coroutine chain, no request, tensor, response or answer-key objects per request (issue #17).
 
-Only where the full path would do exactly the same: POST, no Content-Encoding or Accept-Encoding, tracing off, the
-bearer token (when one is set) right, and `DataPlane.express_model` still naming the plan's loaded model (a reload
-or unload makes a new one, and the stale plan is dropped). What the request gets is what the full path gives: the
-same answer bytes (tests/integration/test_http_express.py compares them), the same statistics (the batch's
-completion records them; a failure is counted here as `_infer_here` counts it) and the same errors
-(`error_response`, which is `_handle`'s too).
+Only where the full path would do exactly the same: POST, no Content-Encoding, tracing off, the bearer token (when
+one is set) right, and `DataPlane.express_model` still naming the plan's loaded model (a reload or unload makes a
+new one, and the stale plan is dropped). An answer is compressed as the full path compresses it (`_compressed`:
+when Accept-Encoding asks, as tritonclient.http.aio's always does, and it is large enough). What the request gets
+is what the full path gives: the same answer bytes (tests/integration/test_http_express.py compares them), the
+same statistics (the batch's completion records them; a failure is counted here as `_infer_here` counts it) and
+the same errors (`error_response`, which is `_handle`'s too).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from ..errors import GtServeError
 from ..types import InferRequest, InferResponse
 from .codec import raw_from_array
 from .express_plans import Plan, now_ns, plannable, settle
-from .http_messages import Request, Response, json_error
+from .http_infer import choose_encoding, compress
+from .http_messages import Request, Response, json_error, part_nbytes
 from .http_templates import AnswerTemplates
 from .request_forms import json_id
 from .status import http_headers, http_status
@@ -46,8 +48,9 @@ class HttpExpress:
     `serve` from the connection for a request that may follow one."""
 
     def __init__(self, dataplane: Any, answers: AnswerTemplates, *, auth: bytes | None, trace_settings: Any,
-                 max_json_bytes: int, capacity: int = 256) -> None:
+                 max_json_bytes: int, compress_min_bytes: int, capacity: int = 256) -> None:
         self._dp = dataplane
+        self._compress_min_bytes = compress_min_bytes
         self._answers = answers
         self._auth = auth
         self._trace_settings = trace_settings
@@ -62,7 +65,7 @@ class HttpExpress:
         headers = req.headers
         value = headers.get("inference-header-content-length")
         if value is None or not (value.isascii() and value.isdigit()) or req.method != "POST" \
-                or "content-encoding" in headers or "accept-encoding" in headers or self._trace_settings.active:
+                or "content-encoding" in headers or self._trace_settings.active:
             return None
         n = int(value)
         if n == 0 or n > self._max_json_bytes or n > len(req.body):
@@ -72,10 +75,10 @@ class HttpExpress:
             return None
         return n
 
-    def learn(self, req: Request, infer_req: InferRequest, response: Response) -> None:
-        """After `req` was served the full way as `infer_req` and answered with `response`: keep its plan when a
+    def learn(self, req: Request, infer_req: InferRequest, answer: InferResponse) -> None:
+        """After `req` was served the full way as `infer_req` and answered with `answer`: keep its plan when a
         request like it could be served from one (an answer template: every output binary)."""
-        n = self._header_length(req) if response.heads is not None else None
+        n = self._header_length(req) if self._answers.template(answer, infer_req) is not None else None
         planned = None if n is None else plannable(self._dp, infer_req)
         if planned is None:
             return
@@ -123,10 +126,21 @@ class HttpExpress:
         future = plan.submit(self._dp, model, body)
         if future is None:
             return None
-        future.add_done_callback(lambda f: settle(f, plan, request_id, self._dp, start_ns, self._response,
+        accept = req.headers.get("accept-encoding")
+        encoding = choose_encoding(accept) if accept else None
+        answer = self._response if encoding is None else \
+            (lambda plan, request_id, outputs: self._compressed(self._response(plan, request_id, outputs), encoding))
+        future.add_done_callback(lambda f: settle(f, plan, request_id, self._dp, start_ns, answer,
                                                   lambda exc: error_response(exc, f"{req.method} {req.path}"), reply))
         self.served += 1
         return future
+
+    def _compressed(self, resp: Response, encoding: str) -> Response:
+        """`resp` compressed with `encoding` as `HttpFrontEnd._encode` compresses an answer that is large enough."""
+        parts = resp.body if isinstance(resp.body, list) else [resp.body]
+        if sum(map(part_nbytes, parts)) < self._compress_min_bytes:
+            return resp
+        return Response(200, compress(parts, encoding), {**resp.headers, "Content-Encoding": encoding})
 
     def _response(self, plan: Plan, request_id: str, outputs: list) -> Response:
         if plan.shm_outputs:  # written to their regions as the full path writes them, answered from its template

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -269,9 +270,9 @@ async def test_a_client_that_goes_away_while_its_request_waits_costs_nobody_else
 
 
 @pytest.mark.asyncio
-async def test_compression_and_tokens_take_the_full_path(repo, caplog):
-    """Accept-Encoding (the answer may be compressed) and a wrong token are never served from a plan: both get the
-    full path's answer (the wrong token a 401); the right token is served from the plan."""
+async def test_tokens_and_lengths_the_full_path_refuses_take_it(repo, caplog):
+    """A wrong token and a length the full path refuses are never served from a plan: both get the full path's
+    answer (a 401, a 400); the right token is served from the plan."""
     rng = np.random.default_rng(9)
     token = {"Authorization": "Bearer s3cret"}
     async with serving(repo, auth_token="s3cret") as fast, serving(repo, auth_token="s3cret",
@@ -288,8 +289,6 @@ async def test_compression_and_tokens_take_the_full_path(repo, caplog):
         for _ in range(3):
             assert (await both(token))[0] == 200
         before = served(fast)
-        # (an answer this small is not compressed: what matters is that the full path decides)
-        assert (await both({**token, "Accept-Encoding": "gzip"}))[0] == 200
         assert (await both({"Authorization": "Bearer nope"}))[0] == 401
         # a length in digits that are not ASCII ('²' is a digit to str.isdigit, not to int): the full path's 400
         assert (await both({**token, "Inference-Header-Content-Length": "\u00b2"}))[0] == 400
@@ -507,3 +506,32 @@ async def test_inputs_and_outputs_in_shared_memory_are_served_from_plans(repo):
     finally:
         for handle in handles.values():
             shm.destroy_shared_memory_region(handle)
+
+
+@pytest.mark.asyncio
+async def test_accept_encoding_is_served_from_the_plan_and_compressed_as_the_full_path_does(repo):
+    """tritonclient.http.aio asks for gzip on every request: such requests are served from their plans (learned from
+    compressed answers too), and an answer of 1 KiB or more is compressed as the full path compresses it (the
+    same bytes: gzip's header carries no time), a smaller one sent as it is."""
+    rng = np.random.default_rng(29)
+    async with serving(repo) as fast, serving(repo, express=False) as full:
+        conns = [await Connection.open(fast), await Connection.open(full)]
+        for rows, accept in ((1, "gzip, deflate"), (8, "gzip, deflate"), (8, "deflate"), (8, "gzip;q=0, identity")):
+            for _ in range(5):
+                a, b = (rng.integers(-1000, 1000, (rows, 16), dtype=np.int32) for _ in range(2))
+                request = infer_bytes("/v2/models/simple/infer", {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)},
+                                      outputs=BOTH, headers={"Accept-Encoding": accept})
+                (got,), (want,) = [await c.send(request) for c in conns]
+                assert got[0] == 200 and got[3] == want[3]
+                compressed = rows == 8 and "q=0" not in accept
+                assert got[1].get("content-encoding") == (accept.split(",")[0] if compressed else None)
+                body = got[2]
+                if compressed:
+                    body = zlib.decompress(body, 31 if accept.startswith("gzip") else 15)
+                    got[1]["content-length"] = str(len(body))
+                assert np.array_equal(outputs_of(body, got[1])["OUTPUT1"], a - b)
+        for c in conns:
+            await c.close()
+        # each of the two forms (1 row, 8 rows): two requests decoded in full, the third teaches the plan, and the
+        # rest of its 5, 10 or 15 requests (another Accept-Encoding is the same form) come from it
+        assert served(fast) == (5 - 3) + (15 - 3)
