@@ -34,7 +34,7 @@ from .grpc_codec import (
     response_to_proto,
     shm_status_to_proto,
 )
-from .grpc_express import GrpcExpress, abort_for
+from .grpc_express import GrpcExpress, abort_for, stream_failed
 from .grpc_messages import Abort
 from .grpc_stream import serve_stream, stream_answer, stream_error
 from .grpc_templates import GrpcAnswerTemplates, GrpcRequestTemplates, MessageNotParsed, parse_request
@@ -212,8 +212,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @staticmethod
     async def _stream_failed(exc: BaseException, data: bytes) -> bytes:
-        """The stream's answer to a request that failed: its error with the request's model, version and id."""
-        return stream_error(exc, parse_request(data)).SerializeToString()
+        """The stream's answer to a request that failed (grpc_express.stream_failed, the express lane's too)."""
+        return stream_failed(exc, data)
 
     # -- repository ------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from .grpc_messages import Abort
 from .grpc_stream import stream_answer, stream_error
 from .grpc_templates import GrpcAnswerTemplates, parse_request, split_message
 from .h2.frames import varint
-from .request_forms import plain_id
+from .request_forms import plain_id, with_id
 from .status import grpc_status, grpc_trailers
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class GrpcExpress:
             return None
         future, plan, request_id, start_ns = submitted
         future.add_done_callback(lambda f: settle(f, plan, request_id, self._dp, start_ns, self._streamed,
-                                                  lambda exc: _stream_failed(exc, data), reply))
+                                                  lambda exc: [stream_failed(exc, data)], reply))
         return future
 
     def _submit(self, data, deadline: bool) -> tuple | None:
@@ -192,13 +192,14 @@ class GrpcExpress:
                 plan.keep_answer(shapes, template)
             return pieces
         before, after = known
-        pieces = [before if after is None else before + request_id.encode() + after]
+        pieces = [with_id(before, after, request_id)]
         for a, datatype in zip(outputs, plan.datatypes):
             raw = raw_from_array(a, datatype)
             pieces += (_RAW_OUTPUT_CONTENTS_TAG, varint(len(raw)), raw)
         return pieces
 
 
-def _stream_failed(exc: BaseException, data) -> list:
-    """A stream's answer to a request of `data` that failed: its error, with the request's model, version and id."""
-    return [stream_error(exc, parse_request(data)).SerializeToString()]
+def stream_failed(exc: BaseException, data) -> bytes:
+    """A stream's answer to the request message `data` that failed, as the servicer's stream answers it too: its
+    error, with the request's model, version and id."""
+    return stream_error(exc, parse_request(data)).SerializeToString()

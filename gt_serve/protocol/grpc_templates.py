@@ -31,7 +31,7 @@ from ..types import InferRequest, InferResponse
 from .codec import raw_from_array
 from .grpc_codec import request_from_proto, response_to_proto
 from .h2.frames import varint
-from .request_forms import SkeletonTable, answer_key, plain_id
+from .request_forms import SkeletonTable, answer_key, plain_id, with_id
 
 _ID = 3
 _RAW_INPUT_CONTENTS = 7
@@ -177,7 +177,7 @@ class GrpcAnswerTemplates:
             return [body]
         self.hits += 1
         before, after = known
-        parts = [before if after is None else before + resp.id.encode() + after]
+        parts = [with_id(before, after, resp.id)]
         for t in resp.outputs:
             if t.data is None:  # written to shared memory: an empty entry, as response_to_proto writes it
                 parts += (_RAW_OUTPUT_CONTENTS_TAG, b"\x00")

@@ -28,7 +28,7 @@ from .express_plans import Plan, now_ns, plannable, settle
 from .http_infer import choose_encoding, compress
 from .http_messages import Request, Response, json_error, part_nbytes
 from .http_templates import AnswerTemplates
-from .request_forms import json_id
+from .request_forms import json_id, with_id
 from .status import http_headers, http_status
 
 _log = logging.getLogger(__name__)
@@ -157,6 +157,6 @@ class HttpExpress:
                 plan.keep_answer(shapes, self._answers.template(response, plan.request))
             return Response(200, parts if len(parts) > 1 else parts[0], headers, heads)
         before, after, headers, heads = known
-        json_part = before if after is None else before + request_id.encode() + after
+        json_part = with_id(before, after, request_id)
         parts = [json_part, *[raw_from_array(a, t) for a, t in zip(outputs, plan.datatypes) if a.size]]
         return Response(200, parts if len(parts) > 1 else json_part, headers, heads)

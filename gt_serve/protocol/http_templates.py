@@ -30,7 +30,7 @@ import orjson
 from ..types import InferRequest, InferResponse
 from .codec import BINARY_DATA_SIZE, raw_from_array
 from .http_infer import decode_request, encode_response
-from .request_forms import SkeletonTable, answer_key, id_class, in_shared_memory, json_id
+from .request_forms import SkeletonTable, answer_key, in_shared_memory, json_id, with_id
 
 
 class RequestTemplates:
@@ -96,7 +96,7 @@ class AnswerTemplates:
             if known is not None:
                 self.hits += 1
                 before, after, headers, heads = known
-                return [before if after is None else before + resp.id.encode() + after,
+                return [with_id(before, after, resp.id),
                         *[raw_from_array(t.data, t.datatype) for t in resp.outputs
                           if t.data is not None and t.data.size]], headers, heads
         parts, json_bytes = encode_response(resp, req)
@@ -109,7 +109,7 @@ class AnswerTemplates:
             headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(json_bytes)}
             if key is None or len(parts) - 1 != sum(1 for t in resp.outputs if t.data is not None and t.data.size):
                 return parts, headers, None  # not all binary
-        around = _around_id(parts[0], resp)
+        around = _around_id(parts[0], resp, isinstance(key[0][2], int))
         if around is None:
             return parts, headers, None
         if len(self._answers) >= self.capacity:
@@ -134,10 +134,11 @@ class AnswerTemplates:
         return key, asked, bool(params.get("binary_data_output", False)) if params else False
 
 
-def _around_id(json_part: bytes, resp: InferResponse) -> tuple[bytes, bytes | None] | None:
-    """(the JSON part up to a plain id's value, after it) of an answer with a plain id, where encode_response writes
-    it (after model_name and model_version); (the JSON part, None) for an answer with another id, or none."""
-    if not isinstance(id_class(resp.id), int) or not resp.id:
+def _around_id(json_part: bytes, resp: InferResponse, plain: bool) -> tuple[bytes, bytes | None] | None:
+    """(the JSON part up to a plain id's value, after it) of an answer with a plain id (`plain`: its key's id class
+    says so), where encode_response writes it (after model_name and model_version); (the JSON part, None) for an
+    answer with another id, or none."""
+    if not plain or not resp.id:
         return json_part, None
     before = orjson.dumps({"model_name": resp.model_name, "model_version": resp.model_version})[:-1] + b',"id":"'
     raw = resp.id.encode()

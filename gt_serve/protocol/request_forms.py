@@ -171,6 +171,12 @@ def json_id(part: bytes) -> tuple[bytes, str] | None:
     return part[:at] + part[end:], raw.decode("ascii")
 
 
+def with_id(before: bytes, after: bytes | None, request_id: str) -> bytes:
+    """An answer's encoded head from a template kept around a plain id (after None: the head is whole, its id in
+    the template's key), both front ends."""
+    return before if after is None else before + request_id.encode() + after
+
+
 _SHM_OUTPUT_KEYS = frozenset((SHM_REGION, "shared_memory_offset", "shared_memory_byte_size"))
 
 
