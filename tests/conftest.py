@@ -29,14 +29,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @contextlib.asynccontextmanager
-async def in_process_server(repo: Path, **server):
+async def in_process_server(repo: Path, environ: dict | None = None, **server):
     """A real gt-serve App in this process over `repo`, on free loopback ports, for tests that read its state (what
-    it served, how); `server`: server-section keys (metrics off unless given)."""
+    it served, how); `server`: server-section keys (metrics off unless given); `environ`: other sections' keys as
+    GT_SECTION__KEY variables (none of this process's environment is read)."""
     from gt_serve.app import App
     from gt_serve.config_layers import load_config
 
     cfg = load_config(None, {"model_repository": str(repo), "http_port": 0, "grpc_port": 0, "metrics_port": 0,
-                             "allow_metrics": False, **server}, environ={})
+                             "allow_metrics": False, **server}, environ=environ or {})
     app = App(cfg)
     await app.start()
     try:

@@ -35,10 +35,12 @@ Everything else is `async def`, whether or not it waits (one contract: the trans
 The front ends' express lanes (protocol/express_plans.py), sync, for a request of a form checked on a model:
   express_model(name, version="") -> LoadedModel | None   the model a plain request goes straight to, else None
   express_submit(model, feeds, batch_size, shape_key, priority) -> Future of the outputs in model order
+  express_run(model, feeds, shape_key) -> that Future already done, a one-row request run at once; else None
   express_failed(model, start_ns)                          count a failure as infer does
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 
@@ -166,8 +168,11 @@ class DataPlane:
             if deadline_s is None and self._default_timeout_s > 0:
                 deadline_s = time.monotonic() + self._default_timeout_s
             if self._response_cache is None:  # no cache on this server: the plain path, no closure, no lookup
-                if trace is None:
-                    outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority, deadline_s)
+                if trace is None:  # a lone row may run at once, as the queue would run it (ModelExecutor.run_now)
+                    outputs = model.executor.run_now(feeds, shape_key) if batch_size == 1 else None
+                    if outputs is None:
+                        outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority,
+                                                              deadline_s)
                 else:  # traced: the batch it runs in notes its queue and compute times on the trace
                     outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority,
                                                           deadline_s, trace)
@@ -210,6 +215,23 @@ class DataPlane:
         it (the outputs in model order); Unavailable / QueueFull as there."""
         deadline_s = time.monotonic() + self._default_timeout_s if self._default_timeout_s > 0 else None
         return model.executor.submit(feeds, batch_size, shape_key, priority, deadline_s)
+
+    @staticmethod
+    def express_run(model: LoadedModel, feeds: dict, shape_key: tuple):
+        """A one-row plain request run at once where the queue would run it on the loop's thread a turn later
+        (ModelExecutor.run_now): a done future, as `express_submit`'s would be once its batch ran (the error a
+        failed run gives it), or None when it must be queued."""
+        try:
+            outputs = model.executor.run_now(feeds, shape_key)
+        except GtServeError as exc:
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(exc)
+            return future
+        if outputs is None:
+            return None
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(outputs)
+        return future
 
     def express_regions(self, inputs: Sequence[Tensor], outputs: Sequence | None) -> dict:
         """An express request's inputs in system shared memory read from their regions, and its outputs' regions

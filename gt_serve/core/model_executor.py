@@ -8,6 +8,10 @@ A request's path, each hop a direct call or one queue:
     loop: Lane.finish -> ModelExecutor._complete -> StreamScheduler.finished (fair share, the next batch dispatched
           at once) -> BatchCompletion.resolve (futures, stats, energy)
 
+A one-row request while requests come one at a time skips the queue: DataPlane -> ModelExecutor.run_now ->
+StreamScheduler.lone_lane -> Lane.run_now (the job on the loop thread) -> StreamScheduler.finished ->
+BatchCompletion.lone (stats, energy; the outputs returned, no future).
+
 The executor is complete when constructed: everything it calls is passed in. It keeps no callback
 of anyone above it; the lane calls back the `_complete` it was handed with the job, like a future.
 """
@@ -25,7 +29,9 @@ from .launch_choice import LaunchChoice
 from .trace_context import RequestTrace
 
 log = logging.getLogger(__name__)
+_now_ns = time.monotonic_ns
 _LONE_SHAPES = 64  # shapes whose one-row run times are remembered (a model with dynamic dims has many)
+_GAP_CAP_NS = 1_000_000  # `run_now`: the time between two requests counts up to this (a long idle, then a burst)
 
 # job_factory(runner, batch, spec, lane) -> the zero-argument job the lane runs (execution.job_factory.JobFactory)
 JobFactory = Callable[[Any, Batch, Any, Any], Callable[[], Any]]
@@ -37,6 +43,8 @@ class SchedulerLink(Protocol):
     def finished(self, executor: ModelExecutor, elapsed_ns: int) -> None: ...
 
     def unregister(self, executor: ModelExecutor) -> None: ...
+
+    def lone_lane(self, executor: ModelExecutor) -> Any: ...
 
 
 class ModelExecutor:
@@ -60,6 +68,7 @@ class ModelExecutor:
         self.lanes = tuple(runners)  # the lanes this model may run on, each with its runner
         self.weight = weight
         self.in_flight = 0  # batches handed to a lane and not yet back
+        self.lone_runs = 0  # requests run at once by `run_now`
         self._runners = dict(runners)
         self._job_factory = job_factory
         self._completion = completion
@@ -70,6 +79,9 @@ class ModelExecutor:
         self._released = False
         self._inline_max_ns = inline_max_ns
         self._lone_ns: dict[tuple, int] = {}  # row shapes -> moving average of one-row batches' run time
+        self._last_rows = 0  # the rows of the last batch run: 1 while requests come one at a time (`run_now`)
+        self._asked_ns = 0  # when `run_now` was last asked, and the moving average of the time between two asks
+        self._gap_ns = 0
         self._launch = LaunchChoice(always=launch == "always") if launch != "never" else None
 
     @property
@@ -98,6 +110,32 @@ class ModelExecutor:
                 return
         lane.submit(job, self._complete, batch)
 
+    def run_now(self, feeds: dict, shape_key: tuple) -> list | None:
+        """A one-row request run at once on the loop's thread, where the queue would run it inline a turn later: its
+        outputs (model order), or None when it must be queued (`submit`). Only while requests come one at a time:
+        on average more than twice the shape's run time apart (so that running one at once seldom delays another;
+        a burst's requests, read together, are then queued and batched) and the last batch one row; nothing queued
+        or due; `_runs_inline`'s rule; the lane the scheduler would choose (`lone_lane`). Charged as the queue
+        charges it (statistics, energy, fair share, the shape's run time); a failed run raises the error its future
+        would get. It saves the request's future, its queue entry, two turns of the loop and the batch's hand-back."""
+        now_ns = _now_ns()
+        gap_ns = self._gap_ns = self._gap_ns + (min(now_ns - self._asked_ns, _GAP_CAP_NS) - self._gap_ns) // 8
+        self._asked_ns = now_ns
+        lone_ns = self._lone_ns.get(shape_key, self._inline_max_ns)
+        if lone_ns >= self._inline_max_ns or gap_ns < 2 * lone_ns or self._last_rows != 1 or self.batcher.pending \
+                or self.batcher.closed is not None:
+            return None
+        lane = self._scheduler.lone_lane(self)
+        if lane is None or lane.on_gpu:
+            return None
+        batch = Batch([Entry(feeds, 1, shape_key, None, None)], 1)
+        batch.inline = True
+        self.lone_runs += 1
+        result, exc, elapsed_ns = lane.run_now(self._job_factory(self._runners[lane], batch, self._spec, lane))
+        self._note_lone_run(batch, elapsed_ns)
+        self._scheduler.finished(self, elapsed_ns)
+        return self._completion.lone(batch, lane, result, exc)
+
     def _runs_inline(self, batch: Batch, lane: Any) -> bool:
         """A one-row batch on a CPU lane, of a shape whose runs have taken less than `inline_max_ns`, with no other
         lane of this model idle while requests wait: the loop thread runs it itself, which costs less than handing
@@ -115,6 +153,7 @@ class ModelExecutor:
         """The lane's reply, on the loop: the scheduler first (the lane's next batch starts now and computes while
         this one's answers are written), then the batch's futures."""
         self.in_flight -= 1
+        self._last_rows = batch.size
         if self._inline_max_ns and batch.size == 1:
             self._note_lone_run(batch, elapsed_ns)
         elif batch.launch is not None and exc is None:

@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Callable
 
+from .batch_policy import form_batch
 from .batcher import Entry
 from .model_executor import ModelExecutor
 
@@ -59,6 +60,17 @@ class StreamScheduler:
         if executor in self._virtual_ns:
             self._virtual_ns[executor] += elapsed_ns
         self._pump()
+
+    def lone_lane(self, executor: ModelExecutor) -> object | None:
+        """The lane `_pump` would give a lone one-row request of `executor`'s at once, were it queued now: None while
+        a pump is due (what was queued meanwhile must be decided first), when every lane of `executor` is busy, or
+        when its batch policy would wait for more (ModelExecutor.run_now)."""
+        if self._pump_scheduled:
+            return None
+        idle = [lane for lane in executor.lanes if not lane.busy]
+        if not idle or not form_batch((1,), 0.0, 0.0, len(idle), executor.batcher.cfg).take:
+            return None
+        return self._choose_lane(executor, idle)
 
     def _on_timer(self) -> None:
         self._timer = None

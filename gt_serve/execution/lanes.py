@@ -55,6 +55,14 @@ class Lane:
         timed = self._timed(job, Exception)  # the batch fails, the loop lives on
         self.loop.call_soon(self._finished, reply, tag, *timed)
 
+    def run_now(self, job: Callable[[], Any]) -> tuple[Any, BaseException | None, int]:
+        """`run_here` with no reply to wait for: run `job` on the calling thread (the loop's) and book it at once;
+        (result, None, elapsed_ns) or (None, what it raised, elapsed_ns)."""
+        self.busy = True
+        timed = self._timed(job, Exception)  # the request fails, the loop lives on
+        self.finish(timed[2])
+        return timed
+
     def launch(self, job: Any, reply: Reply, tag: Any) -> None:
         """Start `job` (a BatchJob of a runner that `runs_async`) from the calling thread, the loop's: it packs here
         and computes on a thread of onnxruntime's pool, so the run starts without waking the lane thread and waiting

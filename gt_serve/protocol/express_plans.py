@@ -92,6 +92,10 @@ class Plan:
             feeds = self.feeds(buffer)
             if self.regions:  # inputs read, output regions looked up: what fails there, the full path answers
                 feeds.update(dataplane.express_regions(self.shm_inputs, self.requested))
+            if self.batch_size == 1:  # run at once when the queue would run it on the loop anyway
+                done = dataplane.express_run(model, feeds, self.shape_key)
+                if done is not None:
+                    return done
             return dataplane.express_submit(model, feeds, self.batch_size, self.shape_key, self.priority)
         except GtServeError:
             return None

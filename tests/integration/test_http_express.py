@@ -237,6 +237,43 @@ async def test_a_failed_run_gives_the_full_paths_error_and_count(repo):
 
 
 @pytest.mark.asyncio
+async def test_requests_that_come_one_at_a_time_run_at_once_as_the_queue_would_run_them(repo):
+    """One client, one request at a time: once a row's shape has been timed, each request runs at once on the loop
+    (ModelExecutor.run_now) with no queue entry or future of its own. Answers, errors and statistics are those of a
+    server that queues every request (lanes.inline_max_us 0), byte for byte and count for count."""
+    # any run of this model is short enough to run on the loop: that rule is not what is tested here
+    async with serving(repo, environ={"GT_LANES__INLINE_MAX_US": "1000000"}) as fast, \
+            serving(repo, express=False, environ={"GT_LANES__INLINE_MAX_US": "0"}) as full:
+        conns = [await Connection.open(fast), await Connection.open(full)]
+
+        def req(index: int) -> bytes:
+            return infer_bytes("/v2/models/gather/infer", {"INDICES": ("INT64", np.array([[index]], np.int64))},
+                               outputs=["OUTPUT"])
+
+        async def both(index: int) -> None:
+            (got,), (want,) = [await c.send(req(index)) for c in conns]
+            assert got[3] == want[3]
+            if index < len(TABLE):
+                assert np.array_equal(outputs_of(got[2], got[1])["OUTPUT"].ravel(), TABLE[index])
+
+        executor = fast.registry.get("gather", "").executor
+        for index in (1, 2, 3):  # the form learnt, its row's run time measured
+            await both(index)
+        # how far apart requests come is timing, covered by the unit tests: here they count as a millisecond apart
+        executor._gap_ns = 10**12
+        before = executor.lone_runs
+        for index in (4, 5, 100, 6, 7, 8):  # 100: out of range, the run fails
+            await both(index)
+        assert executor.lone_runs == before + 6
+        assert full.registry.get("gather", "").executor.lone_runs == 0
+        for c in conns:
+            await c.close()
+        got, want = await stats(fast, "gather"), await stats(full, "gather")
+        assert_same_counts(got, want)
+        assert got["inference_stats"]["fail"]["count"] == 1 and got["inference_stats"]["success"]["count"] == 8
+
+
+@pytest.mark.asyncio
 async def test_a_client_that_goes_away_while_its_request_waits_costs_nobody_else(repo):
     """`gather_pair` runs two requests together and keeps a lone one waiting: a client drops its connection while
     its express request waits; the next pair is answered, each with its own rows, and the server goes on."""

@@ -51,6 +51,14 @@ class FakeLane:
         self.launched.append(tag)
         self.submitted.append((job, reply, tag))
 
+    def run_now(self, job):
+        """As Lane.run_now: the job runs now, on the caller's thread, and the lane is free again when it returns."""
+        self.ran_now = getattr(self, "ran_now", 0) + 1
+        try:
+            return job(), None, 1_500
+        except Exception as e:  # noqa: BLE001 - returned as Lane._timed returns it
+            return None, e, 1_500
+
     def finish_next(self, elapsed_ns=1_000):
         job, reply, tag = self.submitted.pop(0)
         try:
@@ -76,6 +84,12 @@ class RecordingScheduler:
 
     def unregister(self, executor):
         self.unregistered.append(executor.name)
+
+    due = False  # a pump is scheduled: lone_lane gives nothing, as StreamScheduler.lone_lane
+
+    def lone_lane(self, executor):
+        idle = [lane for lane in executor.lanes if not lane.busy]
+        return None if self.due or not idle else idle[0]
 
 
 class Runner:
@@ -361,4 +375,84 @@ def test_launch_always_never_and_jobs_that_cannot_launch():
         assert await first_batch(never, lane) == [[2], [4]] and lane.launched == []
         bound, lane, _, _, _ = build(launch="always", launchable=False)  # e.g. a job that binds its buffers
         assert await first_batch(bound, lane) == [[2], [4]] and lane.launched == []
+    asyncio.run(main())
+
+
+def lone_ready(executor, lane, key=((4,),), elapsed_ns=40_000):
+    """One one-row request through the queue, timed at `elapsed_ns` on the lane: its shape may now run at once."""
+    executor.submit({"x": 1}, 1, key)
+    dispatch_all(executor, lane)
+    lane.finish_next(elapsed_ns=elapsed_ns)
+    far_apart(executor)
+
+
+def far_apart(executor):
+    """Requests have come a millisecond apart, and the next one comes long after the last (ModelExecutor.run_now)."""
+    executor._gap_ns, executor._asked_ns = 1_000_000, 0
+
+
+def test_a_lone_row_runs_at_once_while_requests_come_one_at_a_time():
+    """No future, no queue entry, no turn of the loop: the outputs come back from the call, charged as a batch of one
+    that went through the queue is charged (statistics, energy, fair share, the shape's run time)."""
+    async def main():
+        charged = []
+        executor, lane, sched, runner, stats = build(lambda *a: charged.append(a) or 0.5, inline_max_ns=100_000)
+        assert executor.run_now({"x": 1}, ((4,),)) is None  # the shape has never run: the queue times it
+        lone_ready(executor, lane)
+        before = (stats.inference_count, stats.execution_count, len(sched.finished_calls))
+        assert executor.run_now({"x": 7}, ((4,),)) == [14]
+        assert runner.runs[-1] == [7] and lane.ran_now == 1 and not lane.busy and executor.in_flight == 0
+        assert (stats.inference_count, stats.execution_count, len(sched.finished_calls)) == \
+            (before[0] + 1, before[1] + 1, before[2] + 1)
+        assert charged[-1] == ("m", "cpu", 1, 20 / 1e9) and executor._lone_ns[((4,),)] < 40_000
+        assert executor.run_now({"x": 1}, ((9,),)) is None  # another shape, not timed yet
+        far_apart(executor)
+        assert executor.run_now({"x": 8}, ((4,),)) == [16] and lane.ran_now == 2
+    asyncio.run(main())
+
+
+def test_run_now_declines_where_the_queue_would_not_run_the_request_at_once():
+    async def main():
+        executor, lane, sched, runner, _ = build(inline_max_ns=100_000)
+        lone_ready(executor, lane)
+        executor._gap_ns, executor._asked_ns = 0, time.monotonic_ns() + 10**9  # requests close together
+        assert executor.run_now({"x": 1}, ((4,),)) is None
+        far_apart(executor)
+        sched.due = True  # requests queued this turn wait for the pump, or every lane is busy
+        assert executor.run_now({"x": 1}, ((4,),)) is None
+        sched.due = False
+        queued = executor.submit({"x": 2}, 1, ((4,),))
+        far_apart(executor)
+        assert executor.run_now({"x": 1}, ((4,),)) is None  # one is queued: it goes first
+        burst = [executor.submit({"x": x}, 1, ((4,),)) for x in (3, 4)]
+        dispatch_all(executor, lane)
+        lane.finish_next(elapsed_ns=40_000)  # a batch of three rows: requests no longer come one at a time
+        assert [await asyncio.wait_for(f, WAIT_S) for f in (queued, *burst)] == [[4], [6], [8]]
+        far_apart(executor)
+        assert executor.run_now({"x": 1}, ((4,),)) is None
+        lone_ready(executor, lane)  # one row again
+        lane.on_gpu = True
+        assert executor.run_now({"x": 1}, ((4,),)) is None  # a GPU lane's stream is its thread's
+        lane.on_gpu = False
+        far_apart(executor)
+        executor.batcher.close("unloading")
+        assert executor.run_now({"x": 1}, ((4,),)) is None
+        assert getattr(lane, "ran_now", 0) == 0 and len(runner.runs) == 3
+
+        off, off_lane, _, _, _ = build()  # inline_max_ns 0: never
+        lone_ready(off, off_lane, elapsed_ns=1)
+        assert off.run_now({"x": 1}, ((4,),)) is None
+    asyncio.run(main())
+
+
+def test_a_failed_lone_run_raises_the_error_its_future_would_get_and_counts_no_success():
+    async def main():
+        executor, lane, _, _, stats = build(inline_max_ns=100_000)
+        lone_ready(executor, lane)
+        served = stats.inference_count
+        with pytest.raises(Internal, match=r"model 'm': inference failed on lane cpu.0: RuntimeError: session explo"):
+            executor.run_now({"x": "boom"}, ((4,),))
+        assert stats.inference_count == served and not lane.busy
+        far_apart(executor)
+        assert executor.run_now({"x": 5}, ((4,),)) == [10]  # the next one runs
     asyncio.run(main())

@@ -205,3 +205,32 @@ def test_requests_that_went_away_are_purged_not_run():
         for lane in lanes:
             lane.stop()
     run(main())
+
+
+def test_lone_lane_is_the_idle_lane_a_pump_would_give_a_lone_request_now():
+    """ModelExecutor.run_now asks it: none while a pump is due or every lane is busy, nor where the batch policy would
+    wait for a preferred size; else the lane the chooser picks among the idle ones."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes, sched = setup(loop, n_lanes=2)
+        gate = Gate()
+        b = make_batcher(sched, lanes, gate, "m")
+        assert sched.lone_lane(b) is lanes[0]
+        first = submit(b, 1)
+        assert sched.lone_lane(b) is None  # queued this turn: the pump decides it first
+        await wait_started(gate)
+        assert lanes[0].busy and sched.lone_lane(b) is lanes[1]
+        second = submit(b, 2)
+        await wait_started(gate)
+        assert sched.lone_lane(b) is None  # both lanes busy
+        gate.release(2)
+        assert await asyncio.wait_for(asyncio.gather(first, second), 10) == [[1], [2]]
+        waits = Batcher("w", BatchConfig(8, (2,), 30.0), QueuePolicy(), wake=sched.notify)
+        pair = ModelExecutor(waits, {lanes[0]: "w"}, gate.job_factory, BatchCompletion("w", ModelStats("w", "1")),
+                             sched, SimpleNamespace(input_order=["tag"], output_order=["tag"]))
+        assert not lanes[0].busy and sched.lone_lane(pair) is None  # one row waits to make the preferred two
+        chooser = StreamScheduler(loop, lanes, choose_lane=lambda executor, idle: idle[-1])
+        assert chooser.lone_lane(b) is lanes[1]
+        for lane in lanes:
+            lane.stop()
+    run(main())
