@@ -32,6 +32,7 @@ class FakeLane:
         self.ran_here = []
         self.launched = []
         self.finished_ns = []
+        self.ran_now = 0
 
     on_gpu = False
 
@@ -53,7 +54,7 @@ class FakeLane:
 
     def run_now(self, job):
         """As Lane.run_now: the job runs now, on the caller's thread, and the lane is free again when it returns."""
-        self.ran_now = getattr(self, "ran_now", 0) + 1
+        self.ran_now += 1
         try:
             return job(), None, 1_500
         except Exception as e:  # noqa: BLE001 - returned as Lane._timed returns it
@@ -437,7 +438,7 @@ def test_run_now_declines_where_the_queue_would_not_run_the_request_at_once():
         far_apart(executor)
         executor.batcher.close("unloading")
         assert executor.run_now({"x": 1}, ((4,),)) is None
-        assert getattr(lane, "ran_now", 0) == 0 and len(runner.runs) == 3
+        assert lane.ran_now == 0 and len(runner.runs) == 3
 
         off, off_lane, _, _, _ = build()  # inline_max_ns 0: never
         lone_ready(off, off_lane, elapsed_ns=1)
