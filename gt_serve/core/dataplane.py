@@ -168,11 +168,8 @@ class DataPlane:
             if deadline_s is None and self._default_timeout_s > 0:
                 deadline_s = time.monotonic() + self._default_timeout_s
             if self._response_cache is None:  # no cache on this server: the plain path, no closure, no lookup
-                if trace is None:  # a lone row may run at once, as the queue would run it (ModelExecutor.run_now)
-                    outputs = model.executor.run_now(feeds, shape_key) if batch_size == 1 else None
-                    if outputs is None:
-                        outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority,
-                                                              deadline_s)
+                if trace is None:
+                    outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority, deadline_s)
                 else:  # traced: the batch it runs in notes its queue and compute times on the trace
                     outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority,
                                                           deadline_s, trace)

@@ -8,7 +8,7 @@ A request's path, each hop a direct call or one queue:
     loop: Lane.finish -> ModelExecutor._complete -> StreamScheduler.finished (fair share, the next batch dispatched
           at once) -> BatchCompletion.resolve (futures, stats, energy)
 
-A one-row request while requests come one at a time skips the queue: DataPlane -> ModelExecutor.run_now ->
+A one-row request while requests come one at a time skips the queue: DataPlane.express_run -> ModelExecutor.run_now ->
 StreamScheduler.lone_lane -> Lane.run_now (the job on the loop thread) -> StreamScheduler.finished ->
 BatchCompletion.lone (stats, energy; the outputs returned, no future).
 

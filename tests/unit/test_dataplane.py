@@ -50,10 +50,6 @@ class ScaleExecutor:
         self.calls.append((batch_size, shape_key, priority, deadline_s))
         return [feeds["INPUT"] * self.factor]
 
-    def run_now(self, feeds, shape_key):
-        """As ModelExecutor.run_now where requests do not come one at a time: the request is to be queued."""
-        return None
-
     async def close(self, drain_timeout_s: float) -> None:
         pass
 
