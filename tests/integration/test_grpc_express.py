@@ -138,6 +138,41 @@ async def test_a_failed_run_gives_the_full_paths_status_and_count(repo):
 
 
 @pytest.mark.asyncio
+async def test_calls_and_stream_messages_that_come_one_at_a_time_run_at_once(repo):
+    """One call or stream message at a time: once the form is planned and its row's run time known, each runs at once
+    on the loop (ModelExecutor.run_now), a failed run included. Answers and statistics are those of a server that
+    queues every request (lanes.inline_max_us 0)."""
+    # any run of this model is short enough to run on the loop: that rule is not what is tested here
+    async with serving(repo, environ={"GT_LANES__INLINE_MAX_US": "1000000"}) as (fast, fast_infer), \
+            serving(repo, express=False, environ={"GT_LANES__INLINE_MAX_US": "0"}) as (full, full_infer):
+        for index in (1, 2, 3):  # the form planned, its row's run time measured
+            assert await call(fast_infer, gather(index)) == await call(full_infer, gather(index))
+        executor = fast.dataplane.express_model("gather").executor
+        executor._gap_ns = 10**12  # how far apart requests come is timing, covered by the unit tests
+        before = executor.lone_runs
+        for index in (4, 100, 5):  # 100: out of range, the run fails
+            got, want = await call(fast_infer, gather(index)), await call(full_infer, gather(index))
+            assert got == want and got[0] == (grpc.StatusCode.INTERNAL if index == 100 else grpc.StatusCode.OK)
+        answers = {}
+        for app in (fast, full):
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.ports['grpc']}")
+            stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")()
+            answers[app] = []
+            for index in (6, 7, 8):
+                await stream.write(gather(index))
+                answers[app].append(await asyncio.wait_for(stream.read(), TIMEOUT_S))
+            await stream.done_writing()
+            assert await stream.code() == grpc.StatusCode.OK
+            await channel.close()
+        assert answers[fast] == answers[full]
+        assert executor.lone_runs == before + 6
+        assert full.dataplane.express_model("gather").executor.lone_runs == 0
+        got, want = await stats(fast, "gather"), await stats(full, "gather")
+        assert_same_counts(got, want)
+        assert got["inference_stats"]["fail"]["count"] == 1 and got["inference_stats"]["success"]["count"] == 8
+
+
+@pytest.mark.asyncio
 async def test_deadlines_compression_and_tokens_take_the_full_path(repo):
     """A call with a deadline of its own, a compressed message and a wrong token are never served from a plan:
     each gets the full path's answer or status; a plain call with the token is."""
