@@ -99,3 +99,19 @@ def test_run_here_runs_on_the_calling_thread_and_replies_in_a_later_loop_turn():
         tag, result, exc, *_ = await asyncio.wait_for(replies.get(), WAIT_S)
         assert (tag, result) == ("bad", None) and isinstance(exc, ValueError) and lane.batches_run == 2
     asyncio.run(main())
+
+
+def test_run_now_runs_on_the_calling_thread_and_books_the_run_before_it_returns():
+    """ModelExecutor.run_now's lane call: no thread, no reply; busy while the job runs, free and booked after, and a
+    failing job handed back as what it raised."""
+    lane = Lane("cpu.0", "cpu", loop=None)
+    seen = []
+    result, exc, elapsed_ns = lane.run_now(lambda: seen.append((threading.get_ident(), lane.busy)) or "out")
+    assert (result, exc) == ("out", None) and seen == [(threading.get_ident(), True)]
+    assert (lane.busy, lane.busy_ns, lane.batches_run) == (False, elapsed_ns, 1)
+
+    def boom():
+        raise RuntimeError("session exploded")
+
+    result, exc, _ = lane.run_now(boom)
+    assert result is None and isinstance(exc, RuntimeError) and not lane.busy and lane.batches_run == 2
