@@ -21,7 +21,7 @@ from ..errors import InvalidArgument, MethodNotAllowed, NotFound, NotReady, Unau
 from ..tls import TlsFiles, server_context
 from . import http_infer
 from .http_express import HttpExpress, error_response
-from .http_messages import Request, Response, part_nbytes
+from .http_messages import Request, Response
 from .http_server import HttpServer
 from .http_templates import AnswerTemplates, RequestTemplates
 from .tracing import RequestTracer
@@ -307,8 +307,9 @@ class HttpFrontEnd:
         accept = req.headers.get("accept-encoding")
         if accept:
             encoding = http_infer.choose_encoding(accept)
-            if encoding and sum(map(part_nbytes, parts)) >= self._compress_min_bytes:
-                return Response(200, http_infer.compress(parts, encoding), {**out_headers, "Content-Encoding": encoding})
+            packed = encoding and http_infer.compressed_response(parts, out_headers, encoding, self._compress_min_bytes)
+            if packed:
+                return packed
         return Response(200, parts if len(parts) > 1 else parts[0], out_headers, heads)
 
 

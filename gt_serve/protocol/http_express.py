@@ -25,8 +25,8 @@ from ..errors import GtServeError
 from ..types import InferRequest, InferResponse
 from .codec import raw_from_array
 from .express_plans import Plan, now_ns, plannable, settle
-from .http_infer import choose_encoding, compress
-from .http_messages import Request, Response, json_error, part_nbytes
+from .http_infer import choose_encoding, compressed_response
+from .http_messages import Request, Response, json_error
 from .http_templates import AnswerTemplates
 from .request_forms import json_id, with_id
 from .status import http_headers, http_status
@@ -138,9 +138,7 @@ class HttpExpress:
     def _compressed(self, resp: Response, encoding: str) -> Response:
         """`resp` compressed with `encoding` as `HttpFrontEnd._encode` compresses an answer that is large enough."""
         parts = resp.body if isinstance(resp.body, list) else [resp.body]
-        if sum(map(part_nbytes, parts)) < self._compress_min_bytes:
-            return resp
-        return Response(200, compress(parts, encoding), {**resp.headers, "Content-Encoding": encoding})
+        return compressed_response(parts, resp.headers, encoding, self._compress_min_bytes) or resp
 
     def _response(self, plan: Plan, request_id: str, outputs: list) -> Response:
         if plan.shm_outputs:  # written to their regions as the full path writes them, answered from its template

@@ -36,6 +36,7 @@ from .codec import (
     numpy_dtype,
     raw_from_array,
 )
+from .http_messages import Response, part_nbytes
 
 _JSON_NUMPY = orjson.OPT_SERIALIZE_NUMPY
 # dtypes orjson serialises natively (OPT_SERIALIZE_NUMPY); others go through list_from_array
@@ -340,6 +341,14 @@ def choose_encoding(accept: str | None) -> str | None:
         if q > best_q:
             best, best_q = token, q
     return None if best == "identity" else best
+
+
+def compressed_response(parts: list, headers: dict, encoding: str, min_bytes: int) -> Response | None:
+    """An answer of `parts` compressed with `encoding` (Content-Encoding added to a copy of `headers`, which may be
+    shared), or None when it is under `min_bytes` and goes as it is: the full path's rule and the express lane's."""
+    if sum(map(part_nbytes, parts)) < min_bytes:
+        return None
+    return Response(200, compress(parts, encoding), {**headers, "Content-Encoding": encoding})
 
 
 def compress(parts: list, encoding: str) -> bytes:
