@@ -298,7 +298,7 @@ def table(points: list[dict], raw: dict[str, dict]) -> str:
     triton = {(p["model"], p["protocol"], p["concurrency"]): p for p in points if p["server"] == "triton"}
     head = (f"{'server':9} {'model':8} {'proto':5} {'conc':>4} {'inf/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
             f"{'cpu ms/inf':>10} {'loop ms':>7} {'client':>7} {'cpu/raw':>7} {'inf/s/raw':>9} {'ceiling':>7} "
-            f"{'inf/s/triton':>12} {'cpu/triton':>10} {'steal':>5}")
+            f"{'inf/s/triton':>12} {'cpu/triton':>10} {'idle':>4} {'steal':>5}")
     rows = [head, "-" * len(head)]
     marked = 0
     for p in points:
@@ -313,7 +313,7 @@ def table(points: list[dict], raw: dict[str, dict]) -> str:
             f"{p.get('main_thread_cpu_ms_per_inference', float('nan')):>7.4f} "
             f"{p.get('client_cpu_ms_per_inference', float('nan')):>7.4f} "
             f"{q['cpu_per_raw']:>7.2f} {q['infs_per_raw']:>9.2f} {ceiling(p, r):>7.2f} "
-            f"{q['infs_per_triton']:>12.2f} {q['cpu_per_triton']:>10.2f} {_steal(p):>5}")
+            f"{q['infs_per_triton']:>12.2f} {q['cpu_per_triton']:>10.2f} {_idle(p):>4} {_steal(p):>5}")
         marked += stolen(p)
     for model, r in raw.items():
         ends = (f" (the mean of {r['best_at_start']:.0f} at the run's start and {r['best_at_end']:.0f} at its end)"
@@ -328,6 +328,14 @@ def table(points: list[dict], raw: dict[str, dict]) -> str:
 
 
 STEAL_WARN = 0.05  # a point whose machine lost this share of its CPU time to steal is marked
+
+
+def _idle(point: dict) -> str:
+    """The machine's idle share over the point, in % ('-' where unreadable): cores that neither the server nor the
+    client used. A server whose point is latency-bound (the loop, the runs and the client waiting on each other) leaves
+    them idle; one that polls does not."""
+    idle = point.get("machine_idle")
+    return "-" if idle is None else f"{idle * 100:.0f}"
 
 
 def _steal(point: dict) -> str:

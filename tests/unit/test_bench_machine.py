@@ -75,6 +75,9 @@ def test_table_marks_points_that_lost_cpu_to_steal():
     assert "1 point(s) marked !" in out and "twice running" in out
     assert "the mean of 1000 at the run's start and 1400 at its end" in out
     assert "marked !" not in perf_sweep.table([point(1, 0.01)], raw)
+    idle = perf_sweep.table([{**point(64, 0.0), "machine_idle": 0.17}, point(1, 0.0)], raw).splitlines()
+    assert idle[0].split()[-2:] == ["idle", "steal"]
+    assert idle[2].split()[-2:] == ["17", "0"] and idle[3].split()[-2:] == ["-", "0"]
 
 
 def test_a_stolen_point_keeps_the_less_stolen_of_its_two_measurements():
