@@ -75,9 +75,16 @@ def test_table_marks_points_that_lost_cpu_to_steal():
     assert "1 point(s) marked !" in out and "twice running" in out
     assert "the mean of 1000 at the run's start and 1400 at its end" in out
     assert "marked !" not in perf_sweep.table([point(1, 0.01)], raw)
-    idle = perf_sweep.table([{**point(64, 0.0), "machine_idle": 0.17}, point(1, 0.0)], raw).splitlines()
-    assert idle[0].split()[-2:] == ["idle", "steal"]
-    assert idle[2].split()[-2:] == ["17", "0"] and idle[3].split()[-2:] == ["-", "0"]
+
+
+def test_table_shows_the_share_of_the_machine_no_process_used():
+    raw = {"mlp": {"batch1_cpu_ms": 0.25, "batch1_p50_ms": 0.2, "paced_cpu_ms": 0.5, "paced_p50_ms": 0.3,
+                   "best_inferences_per_s": 1200.0, "best_cpu_ms": 1.5, "best_at_start": 1000.0}}
+    point = {"server": "gt_serve", "model": "mlp", "protocol": "http", "concurrency": 64, "inferences_per_s": 600.0,
+             "p50_ms": 1.0, "p99_ms": 2.0, "server_cpu_ms_per_inference": 0.5, "machine_steal": 0.0}
+    rows = perf_sweep.table([{**point, "machine_idle": 0.17}, point], raw).splitlines()
+    assert rows[0].split()[-2:] == ["idle", "steal"]
+    assert rows[2].split()[-2:] == ["17", "0"] and rows[3].split()[-2:] == ["-", "0"]  # unreadable: -
 
 
 def test_a_stolen_point_keeps_the_less_stolen_of_its_two_measurements():
