@@ -330,20 +330,21 @@ def table(points: list[dict], raw: dict[str, dict]) -> str:
 STEAL_WARN = 0.05  # a point whose machine lost this share of its CPU time to steal is marked
 
 
+def _percent(share: float | None) -> str:
+    """A share of the machine's CPU time in %, '-' where it was unreadable."""
+    return "-" if share is None else f"{share * 100:.0f}"
+
+
 def _idle(point: dict) -> str:
-    """The machine's idle share over the point, in % ('-' where unreadable): cores that neither the server nor the
-    client used. A server whose point is latency-bound (the loop, the runs and the client waiting on each other) leaves
-    them idle; one that polls does not."""
-    idle = point.get("machine_idle")
-    return "-" if idle is None else f"{idle * 100:.0f}"
+    """The machine's idle share over the point: cores that neither the server nor the client used. A server whose point
+    is latency-bound (the loop, the runs and the client waiting on each other) leaves them idle; one that polls does
+    not."""
+    return _percent(point.get("machine_idle"))
 
 
 def _steal(point: dict) -> str:
-    """The machine's stolen share over the point, in %, marked ! from STEAL_WARN on; '-' where unreadable."""
-    steal = point.get("machine_steal")
-    if steal is None:
-        return "-"
-    return f"{steal * 100:.0f}{'!' if stolen(point) else ''}"
+    """The machine's stolen share over the point, marked ! from STEAL_WARN on."""
+    return _percent(point.get("machine_steal")) + ("!" if stolen(point) else "")
 
 
 def sweep_arguments(p: argparse.ArgumentParser) -> None:

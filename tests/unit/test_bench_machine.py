@@ -60,29 +60,27 @@ def test_raw_best_is_the_mean_of_the_runs_two_ends():
     assert raw["best_inferences_per_s"] == 1000.0  # the start's figures are not changed in place
 
 
+RAW = {"mlp": {"batch1_cpu_ms": 0.25, "batch1_p50_ms": 0.2, "paced_cpu_ms": 0.5, "paced_p50_ms": 0.3,
+               "best_inferences_per_s": 1200.0, "best_cpu_ms": 1.5, "best_at_start": 1000.0, "best_at_end": 1400.0}}
+
+
+def point(conc, steal, **more):
+    """One gt-serve point of a sweep, as perf_sweep.table reads it."""
+    return {"server": "gt_serve", "model": "mlp", "protocol": "http", "concurrency": conc, "inferences_per_s": 600.0,
+            "p50_ms": 1.0, "p99_ms": 2.0, "server_cpu_ms_per_inference": 0.5, "machine_steal": steal, **more}
+
+
 def test_table_marks_points_that_lost_cpu_to_steal():
-    raw = {"mlp": {"batch1_cpu_ms": 0.25, "batch1_p50_ms": 0.2, "paced_cpu_ms": 0.5, "paced_p50_ms": 0.3,
-                   "best_inferences_per_s": 1200.0, "best_cpu_ms": 1.5, "best_at_start": 1000.0, "best_at_end": 1400.0}}
-
-    def point(conc, steal):
-        return {"server": "gt_serve", "model": "mlp", "protocol": "http", "concurrency": conc,
-                "inferences_per_s": 600.0, "p50_ms": 1.0, "p99_ms": 2.0, "server_cpu_ms_per_inference": 0.5,
-                "machine_steal": steal}
-
-    out = perf_sweep.table([point(1, 0.0), point(16, 0.12), point(64, None)], raw)
+    out = perf_sweep.table([point(1, 0.0), point(16, 0.12), point(64, None)], RAW)
     rows = out.splitlines()
     assert rows[2].rstrip().endswith(" 0") and rows[3].rstrip().endswith(" 12!") and rows[4].rstrip().endswith(" -")
     assert "1 point(s) marked !" in out and "twice running" in out
     assert "the mean of 1000 at the run's start and 1400 at its end" in out
-    assert "marked !" not in perf_sweep.table([point(1, 0.01)], raw)
+    assert "marked !" not in perf_sweep.table([point(1, 0.01)], RAW)
 
 
 def test_table_shows_the_share_of_the_machine_no_process_used():
-    raw = {"mlp": {"batch1_cpu_ms": 0.25, "batch1_p50_ms": 0.2, "paced_cpu_ms": 0.5, "paced_p50_ms": 0.3,
-                   "best_inferences_per_s": 1200.0, "best_cpu_ms": 1.5, "best_at_start": 1000.0}}
-    point = {"server": "gt_serve", "model": "mlp", "protocol": "http", "concurrency": 64, "inferences_per_s": 600.0,
-             "p50_ms": 1.0, "p99_ms": 2.0, "server_cpu_ms_per_inference": 0.5, "machine_steal": 0.0}
-    rows = perf_sweep.table([{**point, "machine_idle": 0.17}, point], raw).splitlines()
+    rows = perf_sweep.table([point(64, 0.0, machine_idle=0.17), point(64, 0.0)], RAW).splitlines()
     assert rows[0].split()[-2:] == ["idle", "steal"]
     assert rows[2].split()[-2:] == ["17", "0"] and rows[3].split()[-2:] == ["-", "0"]  # unreadable: -
 
