@@ -7,6 +7,9 @@ alternating rounds share the drift, so their ratio is what to read (issue #17).
     python bench/ab_compare.py /tmp/before . [--client http|grpc|raw] [--concurrency 64] [--rounds 3]
                                [--model mlp|convnet] [--config node.yaml] [--pa-args '--shared-memory system']
 
+A checkout given as `DIR@node.yaml` runs with that config instead of --config: one checkout against itself under
+two configs (`. .@workers2.yaml`).
+
 Each round starts each checkout's server (`python -m gt_serve` with that checkout first on PYTHONPATH) on free
 loopback ports, runs one point, reads the server's inference count and /proc CPU, and stops it; every other round
 runs the checkouts in reverse order, so that neither always goes first. Prints one JSON line per run, then the mean
@@ -65,8 +68,15 @@ def start(root: Path, repo: Path, config: str | None) -> tuple[subprocess.Popen,
     raise RuntimeError(f"the server from {root} never became ready")
 
 
-def point(root: Path, a: argparse.Namespace, repo: Path, pa: str | None) -> dict:
-    proc, http, grpc = start(root, repo, a.config)
+def split_root(text: str, default_config: str | None) -> tuple[Path, str | None]:
+    """`DIR` or `DIR@CONFIG`: the checkout and the node YAML its server runs with."""
+    root, at, config = text.partition("@")
+    return Path(root).resolve(), config if at else default_config
+
+
+def point(text: str, a: argparse.Namespace, repo: Path, pa: str | None) -> dict:
+    root, config = split_root(text, a.config)
+    proc, http, grpc = start(root, repo, config)
     try:
         def count() -> int:
             stats = _get(f"http://127.0.0.1:{http}/v2/models/{a.model}/stats")["model_stats"]
@@ -76,7 +86,7 @@ def point(root: Path, a: argparse.Namespace, repo: Path, pa: str | None) -> dict
         measured = drive(a, pa, http, grpc)
         n = max(1, count() - n0)
         cpu, loop = tree_cpu_s(proc.pid) - cpu0, thread_cpu_s(proc.pid, proc.pid) - loop0
-        return {"root": str(root), "client": a.client, "model": a.model, "concurrency": a.concurrency,
+        return {"root": text, "client": a.client, "model": a.model, "concurrency": a.concurrency,
                 "inferences": n, "server_cpu_ms_per_inference": round(cpu / n * 1e3, 4),
                 "loop_cpu_ms_per_inference": round(loop / n * 1e3, 4), **measured}
     finally:
@@ -101,7 +111,7 @@ def drive(a: argparse.Namespace, pa: str | None, http: int, grpc: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("roots", nargs="+", type=Path, help="checkouts (the first is the reference)")
+    p.add_argument("roots", nargs="+", help="checkouts, DIR or DIR@node.yaml (the first is the reference)")
     p.add_argument("--client", choices=("http", "grpc", "raw"), default="http")
     p.add_argument("--model", choices=sorted(perf_sweep.MODELS), default="mlp")
     p.add_argument("--concurrency", type=int, default=64)
@@ -112,11 +122,11 @@ def main() -> None:
     a = p.parse_args()
     pa = perf_sweep.perf_analyzer_path(None) if a.client != "raw" else None
     repo = perf_sweep.build_repo(Path(tempfile.mkdtemp(prefix="gt-ab-")) / "repo", [a.model], triton=False)
-    results: dict[str, list[dict]] = {str(r): [] for r in a.roots}
+    results: dict[str, list[dict]] = {r: [] for r in a.roots}
     for i in range(a.rounds):
         for root in round_order(a.roots, i):
-            res = point(root.resolve(), a, repo, pa)
-            results[str(root)].append(res)
+            res = point(root, a, repo, pa)
+            results[root].append(res)
             print(json.dumps(res), flush=True)
     print("\n".join(summary(results)))
 

@@ -39,3 +39,8 @@ def test_summary_gives_means_ratios_and_rounds_won():
 def test_summary_of_the_lean_client_leaves_out_what_it_did_not_measure():
     (only,) = ab_compare.summary({"a": [run(0.2, 0.1)]})
     assert "p50" not in only and "inf/s" not in only.replace("ms/inf", "")
+
+
+def test_a_checkout_may_name_its_own_config():
+    assert ab_compare.split_root("/tmp/x@w2.yaml", "all.yaml") == (Path("/tmp/x"), "w2.yaml")
+    assert ab_compare.split_root("/tmp/x", "all.yaml") == (Path("/tmp/x"), "all.yaml")
