@@ -25,19 +25,23 @@ from .core.repository_poller import RepositoryPoller
 from .core.stream_scheduler import StreamScheduler
 from .errors import GtServeError
 from .protocol.metrics import memory_metric_provider
+from .protocol.worker_link import WorkerLink, WorkerSpec
 from .tls import listener_files, metrics_files
-from .execution.batch_job import SimpleArrayBackend
 from .execution.job_factory import JobFactory
 from .execution.lane_plan import start_lanes
 from .execution.lanes import Lane
-from .execution.process_tuning import raise_open_file_limit, tune_gc, tune_malloc
+from .execution.process_tuning import array_backend, loop_factory, raise_open_file_limit, tune_gc, tune_malloc
 
 log = logging.getLogger("gt_serve")
 
 
 class App:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, worker: WorkerSpec | None = None) -> None:
+        """`worker`: which of the server's worker processes this is (server.workers > 1, gt_serve/supervisor.py);
+        None: the server is this one process."""
         self.cfg = cfg
+        self.worker = worker
+        self.link: WorkerLink | None = None  # to the other workers
         self.lanes: list[Lane] = []
         self.dataplane: DataPlane | None = None
         self.response_cache: ResponseCache | None = None  # server.response_cache_bytes > 0
@@ -88,8 +92,8 @@ class App:
 
     def _build_execution(self, loop: asyncio.AbstractEventLoop) -> LocalModelHost:
         """Lanes and pools (execution.lane_plan), scheduler, energy books, and the host of the models' executors."""
-        backend = _array_backend()
-        plan = start_lanes(self.cfg.lanes, loop, backend)
+        backend = array_backend()
+        plan = start_lanes(self.cfg.lanes, loop, backend, self.cfg.server.workers if self.worker is not None else 1)
         self.lanes, self._intra_op, self.host_pool = plan.lanes, plan.intra_op_threads, plan.host_pool
         self.lane_backends, self.device_pools = plan.lane_backends, plan.device_pools
         self.scheduler = StreamScheduler(loop, self.lanes)
@@ -114,13 +118,16 @@ class App:
         if not repo.is_dir():
             raise SystemExit(f"gt-serve: model repository '{repo}' is not a directory")
         self.registry = ModelRegistry(repo, describe_model, host, drain_timeout_s=s.drain_timeout_s)
+        if self.worker is not None:
+            self.link = WorkerLink(self.worker)
         self.dataplane = self._build_dataplane()
+        await self._start_link()
         # listeners first: /v2/health/live answers while models load, /v2/health/ready says 400 until they are
         await self._start_front_ends()
         self._write_port_file()
         log.info("gt-serve live: HTTP %s, gRPC %s, metrics %s; loading models", self.ports.get("http"),
                  self.ports.get("grpc"), self.ports.get("metrics"))
-        failed = await self._load_unless_stopped()
+        failed = await self._unless_stopped(self._load_initial_models())
         if failed is None:
             log.info("stop requested while loading models: not becoming ready")
             return
@@ -131,6 +138,8 @@ class App:
         if self.poller is not None:
             self._poll_task = asyncio.ensure_future(self.poller.run())
             log.info("polling the model repository every %g s", self.poller.interval_s)
+        if self.link is not None and not await self._unless_stopped(self.link.all_ready()):
+            return  # stopped first (a worker that dies makes the supervisor stop the others)
         ready = not (failed and s.strict_readiness)
         self.readiness.set_ready(True, waiting_for=tuple(failed) if s.strict_readiness else ())
         if ready:
@@ -154,9 +163,21 @@ class App:
             return DataPlane(self.registry, control, self.readiness, fleet=self.fleet_link,
                              pipelines=cfg.pipelines, node=cfg.node_name, server_name=s.server_name,
                              default_timeout_s=s.request_timeout_s, max_batch_size=s.max_batch_size,
-                             response_cache=self.response_cache, memory=self.memory)
+                             response_cache=self.response_cache, memory=self.memory, peers=self.link)
         except (GtServeError, ValueError) as exc:  # a bad pipeline
             raise SystemExit(f"gt-serve: {exc}") from None
+
+    async def _start_link(self) -> None:
+        """With server.workers > 1: what the other workers may ask of this one, then its socket."""
+        if self.link is None:
+            return
+        from .protocol.metrics import app_metric_families
+
+        for op, fn in {**self.dataplane.peer_calls(), "metric_families": lambda: app_metric_families(self),
+                       "trace_setting": lambda model, doc: self.tracer.settings.update(model, doc),
+                       "log_settings": lambda doc: self.http.apply_logging(doc) if self.http else None}.items():
+            self.link.handle(op, fn)
+        await self.link.start()
 
     def _build_energy(self) -> None:
         from .core.node_energy import build_node_energy
@@ -196,21 +217,21 @@ class App:
             await self.memory.enforce()
         return failed
 
-    async def _load_unless_stopped(self) -> list[str] | None:
-        """_load_initial_models, given up when SIGTERM comes first (None): a pod told to stop while it loads
-        must not spend its grace period loading models."""
-        loading = asyncio.ensure_future(self._load_initial_models())
+    async def _unless_stopped(self, work):
+        """`work`'s result, or None when SIGTERM comes first (then `work` is cancelled): a pod told to stop while
+        it loads models must not spend its grace period loading them."""
+        running = asyncio.ensure_future(work)
         if self._stop_event is None:
-            return await loading
+            return await running
         stopping = asyncio.ensure_future(self._stop_event.wait())
         try:
-            await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopping.cancel()
-        if loading.done():
-            return loading.result()
-        loading.cancel()
-        await asyncio.gather(loading, return_exceptions=True)
+        if running.done():
+            return running.result()
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
         return None
 
     async def _start_front_ends(self) -> None:
@@ -225,12 +246,12 @@ class App:
                                          max_connections=s.max_connections, auth_token=s.auth_token,
                                          idle_timeout_s=s.idle_timeout_s, header_timeout_s=s.header_timeout_s,
                                          body_timeout_s=s.body_timeout_s, tls=listener_files(s, "http"),
-                                         tracer=self.tracer, express=s.express)
+                                         tracer=self.tracer, express=s.express, reuse_port=self.link is not None)
             self.ports["http"] = self.http.port
         if s.allow_grpc:
             grpc_kwargs = {"auth_token": s.auth_token, "peer_token": self.cfg.cluster.peer_token,
                            "max_message_bytes": s.max_body_bytes, "tls": listener_files(s, "grpc"),
-                           "tracer": self.tracer}
+                           "tracer": self.tracer, "reuse_port": self.link is not None}
             if s.grpc_transport == "native":
                 from .protocol.grpc_native import start_grpc_native as start_grpc
 
@@ -241,7 +262,7 @@ class App:
 
             self.grpc = await start_grpc(self.dataplane, s.host, s.grpc_port, **grpc_kwargs)
             self.ports["grpc"] = self.grpc.port
-        if s.allow_metrics:
+        if s.allow_metrics and (self.worker is None or self.worker.index == 0):  # one worker shows them all
             try:
                 from .protocol.metrics import start_metrics
             except ImportError:
@@ -250,7 +271,7 @@ class App:
                 token = metrics_bearer_token(s)
                 if token is None and s.auth_token:
                     log.warning("the metrics port is open (server.metrics_auth: none) although the API needs a token")
-                self.metrics = await start_metrics(self, s.host, s.metrics_port, auth_token=token,
+                self.metrics = await start_metrics(self, s.host, s.metrics_port, auth_token=token, peers=self.link,
                                                    tls=metrics_files(s))  # bad files: ConfigError (exit 2)
                 self.ports["metrics"] = self.metrics.port
 
@@ -328,6 +349,8 @@ class App:
             await self.metrics.close(1.0)
         if self.cluster is not None:
             await self.cluster.close()
+        if self.link is not None:
+            await self.link.close()
         if self.tracer is not None:  # the spans still queued go to the collector (bounded by its timeout)
             await asyncio.to_thread(self.tracer.close)
         if self.registry is not None:
@@ -367,30 +390,9 @@ def _device_profile(cfg: Config):
     return DeviceProfile.from_dict(raw, name=str(raw.get("name", "node")))
 
 
-def _loop_factory(choice: str):
-    """uvloop when present (server.event_loop "asyncio", or GT_EVENT_LOOP=asyncio, forces the standard loop)."""
-    if choice != "asyncio":
-        try:
-            import uvloop
-
-            return uvloop.new_event_loop
-        except ImportError:
-            pass
-    return asyncio.new_event_loop
-
-
-def _array_backend():
-    try:
-        from .backends.numpy_backend import NumpyBackend
-
-        return NumpyBackend()
-    except ImportError:
-        return SimpleArrayBackend()
-
-
-def run(cfg: Config) -> None:
+def run(cfg: Config, worker: WorkerSpec | None = None) -> None:
     raise_open_file_limit(2 * cfg.server.max_connections + 256)  # HTTP + gRPC, + models, lanes, logs, the broker
-    app = App(cfg)
-    runner = asyncio.Runner(loop_factory=_loop_factory(cfg.server.event_loop))
+    app = App(cfg, worker)
+    runner = asyncio.Runner(loop_factory=loop_factory(cfg.server.event_loop))
     with runner:
         runner.run(app.serve())

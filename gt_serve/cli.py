@@ -7,6 +7,7 @@ import sys
 
 from .config_layers import load_config
 from .errors import ConfigError
+from .protocol.worker_link import WorkerSpec
 
 
 def _bool(text: str) -> bool:
@@ -188,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-model", action="append", dest="load_models", metavar="NAME",
                    help="with explicit mode, load NAME at start ('*' = all); repeatable")
     p.add_argument("--server-name", help="name reported by server metadata (default gt_serve; 'triton' for Triton clients)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="server processes sharing the ports, each with its own event loop and models (default 1)")
     p.add_argument("--port-file", help="write the bound ports as JSON to this file once serving")
     p.add_argument("--allow-http", type=_bool, nargs="?", const=True, metavar="BOOL")
     p.add_argument("--allow-grpc", type=_bool, nargs="?", const=True, metavar="BOOL")
@@ -214,6 +217,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _log_to_stderr(cfg, worker: WorkerSpec | None) -> None:
+    """Log lines name the worker process they come from (server.workers > 1)."""
+    where = f" [worker {worker.index}]" if worker is not None else ""
+    logging.basicConfig(level=getattr(logging, cfg.server.log_level, logging.INFO),
+                        format=f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s")
+
+
+def _serve(cfg, worker: WorkerSpec | None, argv: list[str]) -> int:
+    """Serve until SIGTERM: as the server, as one of its workers, or as the supervisor of server.workers
+    processes started with the same `argv`; the exit status."""
+    try:
+        if cfg.server.workers > 1 and worker is None:
+            from .supervisor import supervise
+
+            return supervise(cfg, argv)
+        from .app import run
+
+        run(cfg, worker)
+    except ConfigError as exc:
+        print(f"gt-serve: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a port in use, an address that is not ours, ...
+        print(f"gt-serve: cannot start: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     overrides = {k: v for k, v in vars(args).items()
@@ -238,21 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gt-serve: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=getattr(logging, cfg.server.log_level, logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    worker = WorkerSpec.from_environ()  # one of the processes of a server with server.workers > 1
+    _log_to_stderr(cfg, worker)
     for note in notes:
         logging.getLogger("gt_serve").warning("%s", note)
-    from .app import run
-
-    try:
-        run(cfg)
-    except ConfigError as exc:
-        print(f"gt-serve: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a port in use, an address that is not ours, ...
-        print(f"gt-serve: cannot start: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return _serve(cfg, worker, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

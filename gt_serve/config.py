@@ -32,6 +32,10 @@ class ServerConfig:
     repository_poll_s: float = 15.0  # model_control_mode "poll": seconds between repository scans (Triton's default)
     load_models: tuple[str, ...] = ()
     port_file: str | None = None
+    # server processes sharing the HTTP and gRPC ports (SO_REUSEPORT), each with its own event loop, lanes and
+    # models; model load/unload and shared-memory registration reach every one, statistics add them up
+    # (gt_serve/supervisor.py, protocol/worker_link.py). 1 = one process, no supervisor.
+    workers: int = 1
     max_body_bytes: int = 256 * 1024 * 1024
     max_connections: int = 1024
     max_batch_size: int = 0  # server-wide cap on a request's batch (0 = only the model's limit)
@@ -228,6 +232,11 @@ def validate(cfg: Config) -> None:
         port = getattr(s, key)
         if not 0 <= port <= 65535:
             raise ConfigError(f"config key 'server.{key}' must be a port number 0-65535, got {port!r}")
+    if not (isinstance(s.workers, int) and s.workers >= 1):
+        raise ConfigError(f"config key 'server.workers' must be a count of processes, 1 or more, got {s.workers!r}")
+    if s.workers > 1 and cfg.telemetry.enabled:
+        raise ConfigError("config key 'server.workers' must be 1 with telemetry on: a fleet node is one process "
+                          "(run one node per worker instead)")
     if s.grpc_transport not in GRPC_TRANSPORTS:
         raise ConfigError(f"config key 'server.grpc_transport' must be one of {GRPC_TRANSPORTS}, got {s.grpc_transport!r}")
     for key in ("idle_timeout_s", "header_timeout_s", "body_timeout_s"):

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .. import __version__
 from ..errors import GtServeError, InvalidArgument, Unavailable
@@ -59,6 +60,7 @@ from .request_checks import check_inputs, check_outputs, check_region, check_req
 from .response_cache import ResponseCache, serve_cached
 from .shared_memory import CudaSharedMemory, SystemSharedMemory
 from .trace_context import RequestTrace
+from .worker_stats import merge_statistics
 
 HOPS_PARAMETER = "gt_hops"  # how many nodes a forwarded request has passed through
 _NOT_ECHOED = frozenset({"binary_data_output", "headers", HOPS_PARAMETER,
@@ -76,8 +78,12 @@ class DataPlane:
                  fleet: FleetLink | None = None, pipelines: Mapping[str, Sequence[str]] | None = None,
                  node: str = "", shm: SystemSharedMemory | None = None, cuda_shm: CudaSharedMemory | None = None,
                  server_name: str = "gt_serve", default_timeout_s: float = 0.0, max_batch_size: int = 0,
-                 response_cache: ResponseCache | None = None, memory: MemoryGovernor | None = None) -> None:
-        """`memory`: evicts past each device's model-memory budget and reloads on demand (None: no budget);
+                 response_cache: ResponseCache | None = None, memory: MemoryGovernor | None = None,
+                 peers: Any = None) -> None:
+        """`peers`: the other worker processes of this server (protocol/worker_link.WorkerLink: `index`,
+        `broadcast(op, *args)`), which a model load or unload and a shared-memory registration reach too, and whose
+        statistics are added to this one's (None: one process); `memory`: evicts past each device's model-memory
+        budget and reloads on demand (None: no budget);
         `pipelines`: {name: [stage model, ...]} served as models (a name may not be a repository model's:
         InvalidArgument); `node`: this node's name, reported as who served a pipeline's stages."""
         self._registry = registry
@@ -91,6 +97,7 @@ class DataPlane:
         self._max_batch_size = max_batch_size
         self._response_cache = response_cache  # for models with response_cache { enable: true }
         self._memory = memory
+        self._peers = peers
         self._pipelines = self._build_pipelines(pipelines, node) if pipelines else None
 
     def _build_pipelines(self, pipelines: Mapping[str, Sequence[str]], node: str) -> PipelineSet:
@@ -279,23 +286,45 @@ class DataPlane:
 
     # -- statistics and repository ----------------------------------------------------------------
     async def statistics(self, name: str = "", version: str = "") -> dict:
-        return self._control.statistics(name, version)
+        here = self._control.statistics(name, version)
+        if self._peers is None:
+            return here
+        others = await self._peers.broadcast("statistics", name, version)
+        index = self._peers.index
+        return merge_statistics([*others[:index], here, *others[index:]])
 
     async def repository_index(self, ready_only: bool = False) -> list[dict]:
         return self._control.index(ready_only)
 
     async def load_model(self, name: str, parameters: dict | None = None) -> None:
         await self._control.load(name, parameters)
+        await self.tell_workers("load_model", name, parameters)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         await self._control.unload(name, unload_dependents)
+        await self.tell_workers("unload_model", name, unload_dependents)
+
+    async def tell_workers(self, op: str, *args) -> None:
+        """What this worker has just done, done by every other worker too (server.workers > 1; `op` is one of
+        peer_calls, or a front end's: trace and log settings)."""
+        if self._peers is not None:
+            await self._peers.broadcast(op, *args)
+
+    def peer_calls(self) -> dict:
+        """What another worker may ask of this one: the same calls, done here only."""
+        return {"load_model": self._control.load, "unload_model": self._control.unload,
+                "statistics": self._control.statistics, "shm_register": self._shm.register,
+                "shm_unregister": self._shm.unregister, "cuda_shm_register": self._cuda_shm.register,
+                "cuda_shm_unregister": self._cuda_shm.unregister}
 
     # -- shared memory --------------------------------------------------------------------------
     async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._shm.register(name, key, offset, byte_size)
+        await self.tell_workers("shm_register", name, key, offset, byte_size)
 
     async def shm_unregister(self, name: str = "") -> None:
         self._shm.unregister(name)
+        await self.tell_workers("shm_unregister", name)
 
     async def shm_status(self, name: str = "") -> list[dict]:
         return self._shm.status(name)
@@ -306,9 +335,11 @@ class DataPlane:
 
     async def cuda_shm_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         self._cuda_shm.register(name, raw_handle, device_id, byte_size)
+        await self.tell_workers("cuda_shm_register", name, raw_handle, device_id, byte_size)
 
     async def cuda_shm_unregister(self, name: str = "") -> None:
         self._cuda_shm.unregister(name)
+        await self.tell_workers("cuda_shm_unregister", name)
 
     async def cuda_shm_status(self, name: str = "") -> list[dict]:
         return self._cuda_shm.status(name)

@@ -29,8 +29,9 @@ class LanePlan:
     host_pool: HostBufferPool | None = None  # batch staging buffers (page-locked where a GPU lane copies)
 
 
-def start_lanes(lc: LanesConfig, loop: asyncio.AbstractEventLoop, array_backend: Any) -> LanePlan:
-    """Build every lane, start their threads, and the host pool over the first device's allocator."""
+def start_lanes(lc: LanesConfig, loop: asyncio.AbstractEventLoop, array_backend: Any, processes: int = 1) -> LanePlan:
+    """Build every lane, start their threads, and the host pool over the first device's allocator. `processes`:
+    the server's worker processes (server.workers), which share the cores: this one plans its lanes on its share."""
     gpus = detect_gpus()
     if lc.gpus:
         gpus = [g for g in gpus if g in lc.gpus]
@@ -39,7 +40,7 @@ def start_lanes(lc: LanesConfig, loop: asyncio.AbstractEventLoop, array_backend:
     device_pools: dict[str, Any] = {}
     for gpu in gpus:
         device_pools[f"gpu:{gpu}"] = _gpu_lanes(gpu, lc, loop, lanes, lane_backends)
-    n_cpu, intra_op = _cpu_plan(lc, bool(gpus))
+    n_cpu, intra_op = _cpu_plan(lc, bool(gpus), processes)
     lanes += [Lane(f"cpu.{i}", "cpu", loop) for i in range(n_cpu)]
     for lane in lanes:
         lane.start()
@@ -61,12 +62,14 @@ def _gpu_lanes(gpu: int, lc: LanesConfig, loop: asyncio.AbstractEventLoop, lanes
     return pool
 
 
-def _cpu_plan(lc: LanesConfig, have_gpus: bool) -> tuple[int, int]:
-    """CPU lanes x intra-op threads within the cgroup CPU quota (docker --cpus, a pod's limit), not the host's cores."""
+def _cpu_plan(lc: LanesConfig, have_gpus: bool, processes: int = 1) -> tuple[int, int]:
+    """CPU lanes x intra-op threads within the cgroup CPU quota (docker --cpus, a pod's limit), not the host's cores;
+    with `processes` workers, within this one's share of them."""
     budget = usable_cpu_cores()
-    n_cpu, intra_op = plan_cpu_lanes(budget.cores, lc.cpu_lanes if not have_gpus else max(1, lc.cpu_lanes or 1),
+    cores = max(1, budget.cores // max(1, processes))
+    n_cpu, intra_op = plan_cpu_lanes(cores, lc.cpu_lanes if not have_gpus else max(1, lc.cpu_lanes or 1),
                                      lc.intra_op_threads)
-    log.info("CPU quota: %s, affinity %d cores -> %d CPU lane(s) x %d intra-op thread(s)",
+    log.info("CPU quota: %s, affinity %d cores%s -> %d CPU lane(s) x %d intra-op thread(s)",
              "none" if budget.quota_cores is None else f"{budget.quota_cores:g} cores", budget.affinity_cores,
-             n_cpu, intra_op)
+             f", shared by {processes} workers" if processes > 1 else "", n_cpu, intra_op)
     return n_cpu, intra_op

@@ -1,12 +1,15 @@
 """Settings of the serving process itself, made by `App.serve` (the process is the server's; an application
 that embeds the App and calls `start` keeps its own): the open-file limit, the garbage collector and glibc's
-malloc."""
+malloc; and what the process runs on: its event loop and array backend."""
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import gc
 import os
 from typing import Mapping
+
+from .batch_job import SimpleArrayBackend
 
 GC_GEN0_THRESHOLD = 20_000  # allocations between two collections of the youngest generation (default 700)
 MALLOC_MMAP_THRESHOLD_BYTES = 32 << 20  # blocks smaller than this come from the heap (glibc: 128 KiB, then adaptive)
@@ -73,3 +76,25 @@ def _glibc(name: str, argtypes: tuple):
 
 
 _MALLOC_TRIM = _glibc("malloc_trim", (ctypes.c_size_t,))
+
+
+def loop_factory(choice: str):
+    """uvloop when present (server.event_loop "asyncio", or GT_EVENT_LOOP=asyncio, forces the standard loop)."""
+    if choice != "asyncio":
+        try:
+            import uvloop
+
+            return uvloop.new_event_loop
+        except ImportError:
+            pass
+    return asyncio.new_event_loop
+
+
+def array_backend():
+    """NumPy's arrays for batch packing and scatter, or the pure-Python stand-in where NumPy is missing."""
+    try:
+        from ..backends.numpy_backend import NumpyBackend
+
+        return NumpyBackend()
+    except ImportError:
+        return SimpleArrayBackend()

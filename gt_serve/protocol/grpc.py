@@ -274,6 +274,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             doc = {key: (list(value.value) if key == "trace_level" else value.value[0]) if value.value else None
                    for key, value in request.settings.items()}
             current = settings.update(request.model_name, doc)
+            await self._dp.tell_workers("trace_setting", request.model_name, doc)
         else:
             current = settings.get(request.model_name)
         resp = pb.TraceSettingResponse()
@@ -369,6 +370,7 @@ async def start_grpc(
     max_message_bytes: int = 2**31 - 1,
     tls: TlsFiles | None = None,
     tracer: RequestTracer | None = None,
+    reuse_port: bool = False,
 ) -> GrpcFrontEnd:
     """Start the gRPC front end on the running event loop. With `auth_token`, every RPC but health
     needs a bearer token: that one, or `peer_token` (what fleet nodes forward with). With `tls`, TLS
@@ -376,7 +378,7 @@ async def start_grpc(
     options = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(reuse_port)),  # on only beside the other workers of one server
         ("grpc.server_handshake_timeout_ms", 10_000),  # as H2Limits.handshake_timeout_s: a silent TLS client
     ]
     interceptors = [BearerAuthInterceptor(auth_token, peer_token or "")] if auth_token else None

@@ -350,10 +350,11 @@ class NativeGrpcServer:
         if self._idle is not None and not any(c.active for c in self.connections):
             self._idle.set()
 
-    async def start(self, host: str, port: int, ssl_context=None) -> None:
+    async def start(self, host: str, port: int, ssl_context=None, reuse_port: bool = False) -> None:
         """With `ssl_context` (ALPN h2, gt_serve/tls.py) the TLS handshake is bounded by handshake_timeout_s."""
         handshake_s = self.limits.handshake_timeout_s if ssl_context is not None else None
         self._server = await self.loop.create_server(lambda: GrpcConnection(self), host, port, ssl=ssl_context,
+                                                     reuse_port=reuse_port or None,
                                                      ssl_handshake_timeout=handshake_s)
         self.port = self._server.sockets[0].getsockname()[1]
 
@@ -378,7 +379,8 @@ async def start_grpc_native(dataplane, host: str, port: int, *, auth_token: str 
                             peer_token: str | None = None, max_message_bytes: int = 2**31 - 1,
                             max_connections: int = 1024, idle_timeout_s: float = 60.0,
                             limits: H2Limits | None = None, tls: TlsFiles | None = None,
-                            tracer: RequestTracer | None = None, express: bool = True) -> NativeGrpcServer:
+                            tracer: RequestTracer | None = None, express: bool = True,
+                            reuse_port: bool = False) -> NativeGrpcServer:
     limits = limits or H2Limits()
     limits = replace(limits, max_message_bytes=max_message_bytes, max_connections=max_connections,
                      idle_timeout_s=idle_timeout_s, handshake_timeout_s=min(limits.handshake_timeout_s, idle_timeout_s),
@@ -387,7 +389,7 @@ async def start_grpc_native(dataplane, host: str, port: int, *, auth_token: str 
     server = NativeGrpcServer(dataplane, auth_token=auth_token, peer_token=peer_token, limits=limits, tracer=tracer,
                               express=express)
     try:
-        await server.start(host.strip("[]"), port, ssl_context)
+        await server.start(host.strip("[]"), port, ssl_context, reuse_port)
     except OSError as exc:
         raise OSError(f"gRPC: cannot bind {host}:{port}: {exc.strerror}") from None
     return server

@@ -100,8 +100,8 @@ class HttpFrontEnd:
     def port(self) -> int:
         return self._server.port
 
-    async def start(self, host: str, port: int, ssl_context=None) -> None:
-        await self._server.start(host, port, ssl_context)
+    async def start(self, host: str, port: int, ssl_context=None, reuse_port: bool = False) -> None:
+        await self._server.start(host, port, ssl_context, reuse_port)
 
     async def close(self, drain_timeout_s: float = 5.0) -> None:
         await self._server.close(drain_timeout_s)
@@ -157,7 +157,7 @@ class HttpFrontEnd:
         if head == "trace" and rest[1:] == ["setting"]:
             return await self._trace(req, "")
         if head == "logging" and n == 1:
-            return self._logging(req)
+            return await self._logging(req)
         raise NotFound(f"no route for {req.path}")
 
     async def _model_route(self, req: Request, parts: list[str]) -> Response:
@@ -256,21 +256,30 @@ class HttpFrontEnd:
         if model and not await self._dp.model_ready(model, ""):  # Triton's check and words
             raise InvalidArgument(f"Request for unknown model : {model[:256]}")
         if req.method == "POST":
-            return _ok_json(self._trace_settings.update(model, _json_body(self._body(req), "trace setting")))
+            doc = _json_body(self._body(req), "trace setting")
+            current = self._trace_settings.update(model, doc)
+            await self._dp.tell_workers("trace_setting", model, doc)
+            return _ok_json(current)
         return _ok_json(self._trace_settings.get(model))
 
-    def _logging(self, req: Request) -> Response:
+    async def _logging(self, req: Request) -> Response:
         _need(req, "GET", "POST")
         if req.method == "POST":
             doc = _json_body(self._body(req), "logging")
-            for key, value in doc.items():
-                if key not in self._log_settings:
-                    raise InvalidArgument(f"unknown logging setting '{key}'")
-                self._log_settings[key] = value
-            level = self._log_settings.get("log_verbose_level")
-            if isinstance(level, int) and not isinstance(level, bool):
-                logging.getLogger("gt_serve").setLevel(logging.DEBUG if level > 0 else logging.NOTSET)
+            self.apply_logging(doc)
+            await self._dp.tell_workers("log_settings", doc)
         return _ok_json(self._log_settings)
+
+    def apply_logging(self, doc: dict) -> dict:
+        """Triton's logging settings (POST /v2/logging): `log_verbose_level` > 0 turns debug logging on."""
+        for key in doc:
+            if key not in self._log_settings:
+                raise InvalidArgument(f"unknown logging setting '{key}'")
+        self._log_settings.update(doc)
+        level = self._log_settings.get("log_verbose_level")
+        if isinstance(level, int) and not isinstance(level, bool):
+            logging.getLogger("gt_serve").setLevel(logging.DEBUG if level > 0 else logging.NOTSET)
+        return self._log_settings
 
     # ---- inference ----
     async def _infer(self, req: Request, name: str, version: str) -> Response:
@@ -334,7 +343,8 @@ async def start_http(dataplane, host: str, port: int, *, max_body_bytes: int = 2
                      max_connections: int = 1024, auth_token: str | None = None,
                      idle_timeout_s: float = 60.0, header_timeout_s: float = 10.0, body_timeout_s: float = 60.0,
                      compress_min_bytes: int = COMPRESS_MIN_BYTES, tls: TlsFiles | None = None,
-                     tracer: RequestTracer | None = None, express: bool = True) -> HttpFrontEnd:
+                     tracer: RequestTracer | None = None, express: bool = True,
+                     reuse_port: bool = False) -> HttpFrontEnd:
     """Build and start the V2 HTTP front end; `.port` is the bound port (port 0 = ephemeral); HTTPS with
     `tls` (bad files: ConfigError naming the file)."""
     ssl_context = server_context(tls, ("http/1.1",)) if tls is not None else None
@@ -342,5 +352,5 @@ async def start_http(dataplane, host: str, port: int, *, max_body_bytes: int = 2
                          auth_token=auth_token, idle_timeout_s=idle_timeout_s, header_timeout_s=header_timeout_s,
                          body_timeout_s=body_timeout_s, compress_min_bytes=compress_min_bytes, tracer=tracer,
                          express=express)
-    await front.start(host, port, ssl_context)
+    await front.start(host, port, ssl_context, reuse_port)
     return front

@@ -345,15 +345,17 @@ class HttpServer:
         self._all_closed: asyncio.Event | None = None
         self.port = 0
 
-    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> None:
-        """Listen on host:port; with `ssl_context` (gt_serve/tls.py), HTTPS: the TLS handshake must end within
-        header_timeout_s of the accept, and a connection counts against max_connections once it has."""
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
+                    reuse_port: bool = False) -> None:
+        """Listen on host:port (`reuse_port`: beside the other worker processes of one server); with `ssl_context`
+        (gt_serve/tls.py), HTTPS: the TLS handshake must end within header_timeout_s of the accept, and a connection
+        counts against max_connections once it has."""
         self._loop = asyncio.get_running_loop()
         self._all_closed = asyncio.Event()
         handshake_s = self._header_timeout_s if ssl_context is not None else None
         self._server = await self._loop.create_server(
-            lambda: _Connection(self), host, port, reuse_address=True, backlog=2048, ssl=ssl_context,
-            ssl_handshake_timeout=handshake_s)
+            lambda: _Connection(self), host, port, reuse_address=True, reuse_port=reuse_port or None, backlog=2048,
+            ssl=ssl_context, ssl_handshake_timeout=handshake_s)
         self.port = self._server.sockets[0].getsockname()[1]
 
     @property

@@ -185,11 +185,11 @@ def _escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def exposition(registry: CollectorRegistry) -> bytes:
-    """Prometheus text format 0.0.4, as prometheus_client.generate_latest writes it except that
-    Triton's nv_* counters keep Triton's names (no `_total` suffix), so dashboards and alerts
-    written for Triton work unchanged; our gt_* counters follow the Prometheus `_total` convention."""
-    out: list[str] = []
+def metric_families(registry: CollectorRegistry) -> list[list]:
+    """[name, type, help, [[sample name, labels, value], ...]] per family, as exposition writes them: Triton's
+    nv_* counters keep Triton's names (no `_total` suffix), so dashboards and alerts written for Triton work
+    unchanged; our gt_* counters follow the Prometheus `_total` convention."""
+    out: list[list] = []
     for metric in registry.collect():
         name, kind = metric.name, _TYPES.get(metric.type, "untyped")
         samples = [s for s in metric.samples if not s.name.endswith("_created")]
@@ -198,13 +198,43 @@ def exposition(registry: CollectorRegistry) -> bytes:
                 samples = [s._replace(name=name) if s.name == name + "_total" else s for s in samples]
             else:
                 name += "_total"
-        doc = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        out.append([name, kind, metric.documentation, [[s.name, dict(s.labels), s.value] for s in samples]])
+    return out
+
+
+def render(families: list[list]) -> bytes:
+    """Prometheus text format 0.0.4, as prometheus_client.generate_latest writes it."""
+    out: list[str] = []
+    for name, kind, doc, samples in families:
+        doc = doc.replace("\\", "\\\\").replace("\n", "\\n")
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
-        for s in samples:
-            labels = ",".join(f'{k}="{_escape_label(str(v))}"' for k, v in sorted(s.labels.items()))
-            out.append(f"{s.name}{{{labels}}} {floatToGoString(s.value)}\n" if labels
-                       else f"{s.name} {floatToGoString(s.value)}\n")
+        for sample_name, labels, value in samples:
+            value = floatToGoString(float("nan") if value is None else value)  # NaN comes back from JSON as null
+            text = ",".join(f'{k}="{_escape_label(str(v))}"' for k, v in sorted(labels.items()))
+            out.append(f"{sample_name}{{{text}}} {value}\n" if text else f"{sample_name} {value}\n")
     return "".join(out).encode("utf-8")
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    return render(metric_families(registry))
+
+
+def app_metric_families(app: Any) -> list[list]:
+    """This process's families (another worker of the server asks for them: protocol/worker_link.py)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServerCollector(app))
+    return metric_families(registry)
+
+
+def label_workers(per_worker: list[list[list]]) -> list[list]:
+    """The families of every worker (in worker order) as one exposition: each sample labelled with its
+    worker="N", each family written once (`sum by (model)` gives the server's figure)."""
+    merged: dict[str, list] = {}
+    for index, families in enumerate(per_worker):
+        for name, kind, doc, samples in families:
+            entry = merged.setdefault(name, [name, kind, doc, []])
+            entry[3].extend([s, {**labels, "worker": str(index)}, v] for s, labels, v in samples)
+    return list(merged.values())
 
 
 def status_snapshot(app: Any) -> dict:
@@ -258,8 +288,11 @@ def _unauthorized(path: str) -> Response:
 
 
 class MetricsFrontEnd:
-    def __init__(self, app: Any, auth_token: str | None = None) -> None:
+    def __init__(self, app: Any, auth_token: str | None = None, peers: Any = None) -> None:
+        """`peers`: the server's other worker processes (protocol/worker_link.WorkerLink): /metrics then shows
+        every worker's samples, labelled worker="N"."""
         self.app = app
+        self._peers = peers
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ServerCollector(app))
         self._auth = TokenCheck(auth_token) if auth_token else None
@@ -275,7 +308,11 @@ class MetricsFrontEnd:
         if req.method not in ("GET", "HEAD"):
             return json_error(405, f"method {req.method} is not allowed on {req.path}")
         if req.path == "/metrics":
-            return Response(200, exposition(self.registry), _METRICS_HEADERS)
+            if self._peers is None:
+                return Response(200, exposition(self.registry), _METRICS_HEADERS)
+            others, index = await self._peers.broadcast("metric_families"), self._peers.index
+            mine = metric_families(self.registry)
+            return Response(200, render(label_workers([*others[:index], mine, *others[index:]])), _METRICS_HEADERS)
         if req.path in ("/", "/status"):
             return Response(200, STATUS_HTML, {"Content-Type": "text/html; charset=utf-8"})
         if req.path == "/status.json":
@@ -288,9 +325,9 @@ class MetricsFrontEnd:
 
 
 async def start_metrics(app: Any, host: str, port: int, auth_token: str | None = None,
-                        tls: TlsFiles | None = None) -> MetricsFrontEnd:
+                        tls: TlsFiles | None = None, peers: Any = None) -> MetricsFrontEnd:
     """Serve /metrics, /status.json and the status page; with `auth_token`, every route needs it; HTTPS with
     `tls` (no client certificates asked)."""
-    front = MetricsFrontEnd(app, auth_token)
+    front = MetricsFrontEnd(app, auth_token, peers)
     await front.server.start(host, port, server_context(tls, ("http/1.1",)) if tls is not None else None)
     return front
