@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))
 
 import perf_sweep
 from sweep_servers import LOOPBACK
-from common import thread_cpu_s, tree_cpu_s
+from common import loops_cpu_s, tree_cpu_s
 
 
 
@@ -82,10 +82,10 @@ def point(text: str, a: argparse.Namespace, repo: Path, pa: str | None) -> dict:
             stats = _get(f"http://127.0.0.1:{http}/v2/models/{a.model}/stats")["model_stats"]
             return sum(int(s["inference_count"]) for s in stats)
 
-        n0, cpu0, loop0 = count(), tree_cpu_s(proc.pid), thread_cpu_s(proc.pid, proc.pid)
+        n0, cpu0, loop0 = count(), tree_cpu_s(proc.pid), loops_cpu_s(proc.pid)
         measured = drive(a, pa, http, grpc)
         n = max(1, count() - n0)
-        cpu, loop = tree_cpu_s(proc.pid) - cpu0, thread_cpu_s(proc.pid, proc.pid) - loop0
+        cpu, loop = tree_cpu_s(proc.pid) - cpu0, loops_cpu_s(proc.pid) - loop0
         return {"root": text, "client": a.client, "model": a.model, "concurrency": a.concurrency,
                 "inferences": n, "server_cpu_ms_per_inference": round(cpu / n * 1e3, 4),
                 "loop_cpu_ms_per_inference": round(loop / n * 1e3, 4), **measured}
@@ -153,8 +153,9 @@ def summary(results: dict[str, list[dict]]) -> list[str]:
             ref_runs, ref = runs, (cpu, loop, p50, infs)
         latency = f", p50 {p50:.3f} ms ({p50 / ref[2]:.2f}x)" if p50 and ref[2] else ""
         rate = f", {infs:.0f} inf/s ({infs / ref[3]:.2f}x)" if infs and ref[3] else ""
-        line = (f"{root}: server CPU {cpu:.4f} ms/inf ({cpu / ref[0]:.2f}x the first), event-loop thread "
-                f"{loop:.4f} ms/inf ({loop / ref[1]:.2f}x){latency}{rate}")
+        loops = f"{loop:.4f} ms/inf ({loop / ref[1]:.2f}x)" if ref[1] else f"{loop:.4f} ms/inf"
+        line = (f"{root}: server CPU {cpu:.4f} ms/inf ({cpu / ref[0]:.2f}x the first), event-loop thread(s) "
+                f"{loops}{latency}{rate}")
         if runs is not ref_runs:
             pairs = list(zip(ref_runs, runs))
             wins = sum(r["server_cpu_ms_per_inference"] < f["server_cpu_ms_per_inference"] for f, r in pairs)

@@ -70,6 +70,20 @@ def thread_cpu_s(pid: int, tid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
 
 
+def loops_cpu_s(pid: int) -> float:
+    """CPU seconds of gt-serve's event-loop threads: the main thread of `pid` and, for a server of several workers
+    (server.workers), of each gt-serve worker the supervisor `pid` started (not other children: Triton's stubs)."""
+    workers = [child for child in _children(pid) if _is_gt_serve(child)]
+    return thread_cpu_s(pid, pid) + sum(thread_cpu_s(child, child) for child in workers)
+
+
+def _is_gt_serve(pid: int) -> bool:
+    try:
+        return b"gt_serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 class RaplMeter:
     """Joules of the CPU packages from RAPL (`intel-rapl:N`, not its sub-zones), counting wrap-arounds;
     `available` is False where powercap is absent or unreadable (containers, VMs, non-root)."""

@@ -52,7 +52,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import sweep_servers
-from common import CpuEnergyWindow, RaplMeter, emit, thread_cpu_s
+from common import CpuEnergyWindow, RaplMeter, emit, loops_cpu_s
 from sweep_summary import point_ratios, run_figures, summarise, summary_table
 
 from gt_serve.testing import model_builders as mb
@@ -234,11 +234,11 @@ def server_point(pa: str, srv: sweep_servers.Served, protocol: str, model: str, 
     more perf_analyzer arguments (`--input-data zero`, `--shape NAME:DIMS`)."""
     window = CpuEnergyWindow(srv.pid, rapl)
     count0 = srv.inference_count(model)
-    loop0_s, client0_s = thread_cpu_s(srv.pid, srv.pid), children_cpu_s()
+    loop0_s, client0_s = loops_cpu_s(srv.pid), children_cpu_s()
     window.start()
     measured = run_perf_analyzer(pa, srv.url(protocol), protocol, model, concurrency, interval_ms, workdir, extra)
     used = window.stop()
-    loop_s, client_s = thread_cpu_s(srv.pid, srv.pid) - loop0_s, children_cpu_s() - client0_s
+    loop_s, client_s = loops_cpu_s(srv.pid) - loop0_s, children_cpu_s() - client0_s
     inferences = max(1, srv.inference_count(model) - count0)
     point = {"server": srv.label, "model": model, "protocol": protocol, "concurrency": concurrency, **measured,
              "server_inferences": inferences, "machine_idle": used["machine_idle"],
