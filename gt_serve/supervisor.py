@@ -72,6 +72,7 @@ class Supervisor:
         self.sockets: dict[str, socket.socket] = {}
         self.children: list[subprocess.Popen] = []
         self.stopping = False
+        self.status = 0  # the first failing worker's exit status
 
     def _worker_command(self, index: int) -> list[str]:
         s = self.cfg.server
@@ -102,8 +103,30 @@ class Supervisor:
         """SIGTERM to every worker still running: each drains its own requests (server.drain_timeout_s)."""
         self.stopping = True
         for child in self.children:
-            if child.poll() is None:
+            if child.returncode is None:
                 child.send_signal(signal.SIGTERM)
+
+    def reap(self, block: bool) -> None:
+        """The exits of workers that have ended (os.waitpid: every exit is seen here, once); one that ends while
+        the server runs stops the others."""
+        flags = 0 if block else os.WNOHANG
+        while True:
+            try:
+                pid, raw = os.waitpid(-1, flags)
+            except ChildProcessError:  # no worker left
+                return
+            if pid == 0:
+                return
+            code = os.waitstatus_to_exitcode(raw)
+            for child in self.children:
+                if child.pid == pid:
+                    child.returncode = code
+            if code != 0 and self.status == 0:
+                self.status = code if code > 0 else 1
+            if not self.stopping:
+                log.error("gt-serve: worker pid %d exited (status %d): stopping the other workers", pid, code)
+                self.stop()
+            flags = os.WNOHANG  # after one exit, collect the others that have ended without waiting
 
     def _write_port_file(self) -> bool:
         """Once every worker has written its ports: the server's ports (worker 0's metrics port). False: a worker
@@ -111,7 +134,8 @@ class Supervisor:
         path = self.cfg.server.port_file
         files = [self.directory / f"ports-{i}.json" for i in range(len(self.children))]
         while not all(f.exists() for f in files):
-            if self.stopping or any(c.poll() is not None for c in self.children):
+            self.reap(block=False)
+            if self.stopping:
                 return False
             time.sleep(0.02)  # a process's start-up, seen from outside: no event to wait on
         ports = json.loads(files[0].read_text())
@@ -124,20 +148,10 @@ class Supervisor:
 
     def wait(self) -> int:
         """Until every worker has exited; the first non-zero status (a worker's failure stops the others)."""
-        status = 0
         self._write_port_file()
-        while any(c.poll() is None for c in self.children):
-            pid, raw = os.wait()
-            code = os.waitstatus_to_exitcode(raw)
-            for child in self.children:
-                if child.pid == pid:
-                    child.returncode = code
-            if code != 0 and status == 0:
-                status = code if code > 0 else 1
-            if not self.stopping:
-                log.error("gt-serve: worker pid %d exited (status %d): stopping the other workers", pid, code)
-                self.stop()
-        return status
+        while any(c.returncode is None for c in self.children):
+            self.reap(block=True)
+        return self.status
 
     def close(self) -> None:
         for sock in self.sockets.values():
@@ -155,6 +169,6 @@ def supervise(cfg: Config, argv: list[str]) -> int:
         return supervisor.wait()
     finally:
         supervisor.stop()
-        for child in supervisor.children:
-            child.wait()
+        while any(c.returncode is None for c in supervisor.children):
+            supervisor.reap(block=True)
         supervisor.close()

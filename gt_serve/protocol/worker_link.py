@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import inspect
-import logging
 import os
 import struct
 import time
@@ -28,11 +27,8 @@ import orjson
 
 from ..errors import Code, GtServeError, Unavailable
 
-log = logging.getLogger("gt_serve.workers")
-
 ENV_DIR, ENV_INDEX, ENV_COUNT = "GT_WORKER_DIR", "GT_WORKER_INDEX", "GT_WORKER_COUNT"
 _FRAME = struct.Struct(">I")
-_MAX_FRAME = 2**32 - 1
 READY_OP = "ready"
 
 Handler = Callable[..., Any]  # a plain function or a coroutine function
@@ -108,9 +104,9 @@ def _raise_error(index: int, error: dict) -> None:
 
 class WorkerLink:
     """This worker's end of the link: serves the calls of the others (`handle(op, fn)` names what may be
-    called) and makes calls to them (`broadcast`, `gather`). `peers_ready` is set once every other worker has
-    said it is ready (`all_ready`): a worker reports ready only then, so that no connection the kernel
-    gives to a worker still loading its models sees a model that is not there."""
+    called) and makes calls to them (`broadcast`: a change told to all, or a read gathered from all).
+    `peers_ready` is set once every other worker has said it is ready (`all_ready`): a worker reports ready only
+    then, so that no connection the kernel gives to a worker still loading its models sees a model missing."""
 
     def __init__(self, spec: WorkerSpec, connect_timeout_s: float = 120.0) -> None:
         self.spec = spec
@@ -177,8 +173,6 @@ class WorkerLink:
             if "error" in reply:
                 _raise_error(index, reply["error"])
         return [reply["result"] for reply in replies]
-
-    gather = broadcast  # a read gathers the same way: one answer from each other worker
 
     async def _connect(self, index: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A worker that is still starting has no socket yet: wait for it, up to connect_timeout_s."""

@@ -195,6 +195,16 @@ def test_workers_go_when_the_supervisor_is_killed(repo, tmp_path):
     assert not alive, [w.pid for w in alive]
 
 
+def test_workers_that_fail_to_load_their_models_end_the_server_with_their_status(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx file")
+    done = run_cli("--workers", "2", "--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
+                   "--metrics-port", "0")
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "[worker 0]" in done.stderr and "[worker 1]" in done.stderr and "broken" in done.stderr
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gt_serve", "--host", "127.0.0.1", *args],
                           capture_output=True, text=True, timeout=60)
