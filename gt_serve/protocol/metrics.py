@@ -245,6 +245,8 @@ def status_snapshot(app: Any) -> dict:
         "server": app.cfg.server.server_name,
         "time_s": time.time(),
         "ports": app.ports,
+        # server.workers > 1: this page is worker 0's (its lanes and models); the statistics add up every worker
+        "worker": {"index": app.worker.index, "count": app.worker.count} if getattr(app, "worker", None) else None,
         "lanes": [{"id": l.lane_id, "device": l.device, "busy": l.busy, "batches": l.batches_run,
                    "launched": l.launched, "busy_s": round(l.busy_ns / 1e9, 3)} for l in app.lanes],
         "models": [{"name": m.name, "version": m.version, "state": m.state,

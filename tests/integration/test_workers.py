@@ -7,6 +7,7 @@ the statistics must count every worker's requests. Nothing sleeps: processes are
 """
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
@@ -94,6 +95,11 @@ def test_statistics_and_metrics_count_every_workers_requests(server):
     per_worker = samples(server, "nv_inference_count")
     assert set(per_worker) == {"0", "1"} and all(v > 0 for v in per_worker.values()), per_worker
     assert sum(per_worker.values()) == stats["inference_count"]
+
+
+def test_the_status_page_says_whose_it_is(server):
+    with urllib.request.urlopen(f"http://{server.metrics_url}/status.json", timeout=TIMEOUT_S) as r:
+        assert json.loads(r.read())["worker"] == {"index": 0, "count": 2}
 
 
 def test_a_model_loaded_through_one_connection_is_ready_on_every_connection(server):
