@@ -139,6 +139,26 @@ def test_mounted_repository_over_http_and_grpc(mounted) -> None:
     infer_simple_both_ways(mounted)
 
 
+# ---------------------------------------------------------------- several workers in one container
+
+
+def test_two_workers_in_a_hardened_container_serve_and_stop_with_docker_stop(docker_available, gt_image) -> None:
+    """--workers 2 under a read-only root: the supervisor's directory and the link's sockets live in /tmp (tmpfs);
+    docker stop's SIGTERM reaches the supervisor through the init process and ends both workers with status 0."""
+    with run_container(docker_available, gt_image, ["--workers", "2"], **HARDENED, stop_signal="SIGTERM") as running:
+        for _ in range(4):  # fresh connections each time: the kernel spreads them over the workers
+            infer_simple_both_ways(running)
+        logs = running.logs()
+        assert "[worker 0]" in logs and "[worker 1]" in logs, logs[-2000:]
+        stats = json.loads(urllib.request.urlopen(f"http://{running.address(8000)}/v2/models/simple/stats",
+                                                  timeout=TIMEOUT_S).read())
+        assert stats["model_stats"][0]["inference_count"] == 8
+        running.container.stop(timeout=30)
+        running.container.reload()
+        state = running.container.attrs["State"]
+        assert state["ExitCode"] == 0, (state, running.logs()[-3000:])
+
+
 # ---------------------------------------------------------------- docker stop drains
 
 
