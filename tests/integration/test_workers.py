@@ -169,6 +169,21 @@ def test_trace_and_log_settings_changed_once_hold_on_every_connection(server):
         fresh_http(server).update_log_settings({"log_verbose_level": 0})
 
 
+def test_workers_on_the_grpcio_transport_share_its_port(repo, tmp_path):
+    srv = start_server(repo, tmp_path, "--workers", "2", env={"GT_GRPC_TRANSPORT": "grpcio"})
+    try:
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        for _ in range(N_CONNECTIONS):
+            client = grpcclient.InferenceServerClient(srv.grpc_url)
+            np.testing.assert_array_equal(client.infer("simple", simple_inputs(grpcclient, a, a)).as_numpy("OUTPUT0"),
+                                          2 * a)
+            client.close()
+        assert set(samples(srv, "nv_inference_count")) == {"0", "1"}
+        assert fresh_http(srv).get_inference_statistics("simple")["model_stats"][0]["inference_count"] == N_CONNECTIONS
+    finally:
+        srv.stop()
+
+
 def test_sigterm_stops_every_worker_and_the_server_exits_0(repo, tmp_path):
     srv = start_server(repo, tmp_path, "--workers", "2")
     workers = workers_of(srv)
