@@ -80,10 +80,10 @@ class DataPlane:
                  server_name: str = "gt_serve", default_timeout_s: float = 0.0, max_batch_size: int = 0,
                  response_cache: ResponseCache | None = None, memory: MemoryGovernor | None = None,
                  peers: Any = None) -> None:
-        """`peers`: the other worker processes of this server (protocol/worker_link.WorkerLink: `index`,
-        `broadcast(op, *args)`), which a model load or unload and a shared-memory registration reach too, and whose
-        statistics are added to this one's (None: one process); `memory`: evicts past each device's model-memory
-        budget and reloads on demand (None: no budget);
+        """`peers`: the other worker processes of this server (protocol/worker_link.WorkerLink:
+        `broadcast(op, *args)`, `everyone(here, op, *args)`), which a model load or unload and a shared-memory
+        registration reach too, and whose statistics are added to this one's (None: one process); `memory`: evicts
+        past each device's model-memory budget and reloads on demand (None: no budget);
         `pipelines`: {name: [stage model, ...]} served as models (a name may not be a repository model's:
         InvalidArgument); `node`: this node's name, reported as who served a pipeline's stages."""
         self._registry = registry
@@ -289,9 +289,7 @@ class DataPlane:
         here = self._control.statistics(name, version)
         if self._peers is None:
             return here
-        others = await self._peers.broadcast("statistics", name, version)
-        index = self._peers.index
-        return merge_statistics([*others[:index], here, *others[index:]])
+        return merge_statistics(await self._peers.everyone(here, "statistics", name, version))
 
     async def repository_index(self, ready_only: bool = False) -> list[dict]:
         return self._control.index(ready_only)

@@ -312,9 +312,8 @@ class MetricsFrontEnd:
         if req.path == "/metrics":
             if self._peers is None:
                 return Response(200, exposition(self.registry), _METRICS_HEADERS)
-            others, index = await self._peers.broadcast("metric_families"), self._peers.index
-            mine = metric_families(self.registry)
-            return Response(200, render(label_workers([*others[:index], mine, *others[index:]])), _METRICS_HEADERS)
+            every = await self._peers.everyone(metric_families(self.registry), "metric_families")
+            return Response(200, render(label_workers(every)), _METRICS_HEADERS)
         if req.path in ("/", "/status"):
             return Response(200, STATUS_HTML, {"Content-Type": "text/html; charset=utf-8"})
         if req.path == "/status.json":

@@ -174,6 +174,11 @@ class WorkerLink:
                 _raise_error(index, reply["error"])
         return [reply["result"] for reply in replies]
 
+    async def everyone(self, here: Any, op: str, *args: Any) -> list:
+        """Every worker's answer in worker order: this one's (`here`) among the others' to `op(*args)`."""
+        others = await self.broadcast(op, *args)
+        return [*others[:self.index], here, *others[self.index:]]
+
     async def _connect(self, index: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A worker that is still starting has no socket yet: wait for it, up to connect_timeout_s."""
         path, deadline, delay = str(self.spec.socket_path(index)), time.monotonic() + self._connect_timeout_s, 0.01

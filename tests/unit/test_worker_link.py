@@ -41,6 +41,8 @@ async def test_a_broadcast_reaches_every_other_worker_with_its_bytes(tmp_path):
         results = await asyncio.wait_for(group[1].broadcast("load_model", "m", parameters), TIMEOUT_S)
         assert results == [0, 2]
         assert seen == {0: ("m", parameters), 2: ("m", parameters)}
+        every = await asyncio.wait_for(group[1].everyone("here", "load_model", "m", {}), TIMEOUT_S)
+        assert every == [0, "here", 2], "every worker's answer, in worker order"
     finally:
         for link in group:
             await link.close()
