@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 _NODE_WIDE = ("energy", "memory_budget")
+_NOT_ADDED = frozenset({"name", "version", "last_inference", "batch_stats", "memory_usage"})  # merged by their rules
 
 
 def _add(a: Any, b: Any) -> Any:
@@ -44,10 +45,7 @@ def _merge_keyed(a: list[dict], b: list[dict], key: tuple[str, ...]) -> list[dic
 
 def merge_model_stats(a: dict, b: dict) -> dict:
     """One model version's statistics from two workers, added."""
-    out = _add({k: v for k, v in a.items() if k not in ("last_inference", "batch_stats", "memory_usage", "name",
-                                                          "version")},
-               {k: v for k, v in b.items() if k not in ("last_inference", "batch_stats", "memory_usage", "name",
-                                                          "version")})
+    out = _add({k: v for k, v in a.items() if k not in _NOT_ADDED}, {k: v for k, v in b.items() if k not in _NOT_ADDED})
     out["name"], out["version"] = a.get("name"), a.get("version")
     out["last_inference"] = max(a.get("last_inference", 0), b.get("last_inference", 0))
     out["batch_stats"] = sorted(_merge_keyed(a.get("batch_stats", []), b.get("batch_stats", []), ("batch_size",)),
@@ -68,13 +66,9 @@ def merge_statistics(answers: Sequence[dict]) -> dict:
         for row in answer.get("model_stats", []):
             key = (row.get("name"), row.get("version"))
             models[key] = merge_model_stats(models[key], row) if key in models else dict(row)
-    out: dict = {"model_stats": [models[k] for k in sorted(models, key=lambda k: (k[0], _version_key(k[1])))]}
+    # ordered as ModelControl.statistics orders one worker's: by name, then version number
+    out: dict = {"model_stats": [models[k] for k in sorted(models, key=lambda k: (k[0], int(k[1])))]}
     workers = [{"worker": i, **{k: a[k] for k in _NODE_WIDE if k in a}} for i, a in enumerate(answers)]
     if any(len(w) > 1 for w in workers):
         out["workers"] = workers
     return out
-
-
-def _version_key(version: Any) -> tuple:
-    text = str(version)
-    return (0, int(text), "") if text.isdigit() else (1, 0, text)
