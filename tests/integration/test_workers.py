@@ -25,17 +25,11 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import start_server
+from tests.integration.test_grpc_v2 import simple_inputs
 from tests.models import build_repository
 
 N_CONNECTIONS = 24
 TIMEOUT_S = 30.0
-
-
-def simple_inputs(module, a: np.ndarray, b: np.ndarray) -> list:
-    inputs = [module.InferInput("INPUT0", list(a.shape), "INT32"), module.InferInput("INPUT1", list(b.shape), "INT32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    return inputs
 
 
 def fresh_http(srv) -> httpclient.InferenceServerClient:
@@ -86,7 +80,7 @@ def test_statistics_and_metrics_count_every_workers_requests(server):
     for i in range(N_CONNECTIONS):
         module = httpclient if i % 2 else grpcclient
         client = fresh_http(server) if i % 2 else grpcclient.InferenceServerClient(server.grpc_url)
-        result = client.infer("simple", simple_inputs(module, a, b))
+        result = client.infer("simple", simple_inputs(a, b, module=module))
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
         client.close()
     stats = fresh_http(server).get_inference_statistics("simple")["model_stats"][0]
@@ -175,8 +169,7 @@ def test_workers_on_the_grpcio_transport_share_its_port(repo, tmp_path):
         a = np.arange(16, dtype=np.int32).reshape(1, 16)
         for _ in range(N_CONNECTIONS):
             client = grpcclient.InferenceServerClient(srv.grpc_url)
-            np.testing.assert_array_equal(client.infer("simple", simple_inputs(grpcclient, a, a)).as_numpy("OUTPUT0"),
-                                          2 * a)
+            np.testing.assert_array_equal(client.infer("simple", simple_inputs(a, a)).as_numpy("OUTPUT0"), 2 * a)
             client.close()
         assert set(samples(srv, "nv_inference_count")) == {"0", "1"}
         assert fresh_http(srv).get_inference_statistics("simple")["model_stats"][0]["inference_count"] == N_CONNECTIONS
