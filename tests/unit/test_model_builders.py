@@ -29,7 +29,7 @@ def test_image_head_is_each_channels_mean_times_its_matrix(tmp_path):
 def test_perf_sweeps_tiny_model_is_mlps_input_and_output_with_one_layer(tmp_path):
     sessions = {}
     for name in ("tiny", "mlp"):
-        dims, build = perf_sweep.MODELS[name]
+        _, build = perf_sweep.MODELS[name]
         build(tmp_path / f"{name}.onnx")
         sessions[name] = ort.InferenceSession(str(tmp_path / f"{name}.onnx"), providers=["CPUExecutionProvider"])
     assert perf_sweep.MODELS["tiny"][0] == perf_sweep.MODELS["mlp"][0]
