@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import shutil
 import signal
 import tempfile
@@ -12,7 +10,7 @@ import time
 from pathlib import Path
 
 from .backends.device_memory import device_used_bytes
-from .config import Config, metrics_bearer_token
+from .config import Config, metrics_bearer_token, write_port_file
 from .core.dataplane import DataPlane
 from .core.fleet_link import FleetLink
 from .core.forward_batcher import forwarding_peers
@@ -124,7 +122,7 @@ class App:
         await self._start_link()
         # listeners first: /v2/health/live answers while models load, /v2/health/ready says 400 until they are
         await self._start_front_ends()
-        self._write_port_file()
+        write_port_file(self.cfg.server.port_file, self.ports)
         log.info("gt-serve live: HTTP %s, gRPC %s, metrics %s; loading models", self.ports.get("http"),
                  self.ports.get("grpc"), self.ports.get("metrics"))
         failed = await self._unless_stopped(self._load_initial_models())
@@ -310,14 +308,6 @@ class App:
                 "models": sorted({m.name for m in self.registry.loaded()}),
                 "power_profile": {"name": self.power_profile.name, "idle_w": self.power_profile.idle_w,
                                   "busy_w": self.power_profile.busy_w}}
-
-    def _write_port_file(self) -> None:
-        path = self.cfg.server.port_file
-        if path:
-            tmp = f"{path}.tmp"
-            with open(tmp, "w") as fh:
-                json.dump(self.ports, fh)
-            os.replace(tmp, path)
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def _close_models(self, budget_s: float) -> None:

@@ -5,6 +5,8 @@ mapping becomes a Config is config_layers.py. Errors name the bad key and value.
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -344,3 +346,12 @@ def metrics_bearer_token(s: ServerConfig) -> str | None:
     if s.metrics_auth == "same":
         return s.auth_token
     return None
+
+
+def write_port_file(path: str | None, ports: Mapping[str, int | None]) -> None:
+    """server.port_file (when set): the bound ports as JSON, replaced whole, so that a reader never sees half a file."""
+    if path:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(dict(ports), fh)
+        os.replace(tmp, path)

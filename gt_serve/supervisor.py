@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .config import Config
+from .config import Config, write_port_file
 from .protocol.worker_link import WorkerSpec
 
 log = logging.getLogger("gt_serve.supervisor")
@@ -131,19 +131,13 @@ class Supervisor:
     def _write_port_file(self) -> bool:
         """Once every worker has written its ports: the server's ports (worker 0's metrics port). False: a worker
         exited first."""
-        path = self.cfg.server.port_file
         files = [self.directory / f"ports-{i}.json" for i in range(len(self.children))]
         while not all(f.exists() for f in files):
             self.reap(block=False)
             if self.stopping:
                 return False
             time.sleep(0.02)  # a process's start-up, seen from outside: no event to wait on
-        ports = json.loads(files[0].read_text())
-        if path:
-            tmp = f"{path}.tmp"
-            with open(tmp, "w") as fh:
-                json.dump(ports, fh)
-            os.replace(tmp, path)
+        write_port_file(self.cfg.server.port_file, json.loads(files[0].read_text()))
         return True
 
     def wait(self) -> int:
