@@ -79,3 +79,18 @@ def test_cluster_config_files_are_the_nodes_own_compose_secrets(path):
         assert mounted.get(container_path) == host_file, (container_path, mounted)
     assert sorted(f.rsplit("/", 1)[-1] for f in service["env_file"]) == sorted(["cluster.env", f"{node}.env"])
     assert service.get("hostname") == cfg.cluster.advertise_host == node, "the certificate names the node"
+
+
+def test_single_node_spells_out_the_defaults():
+    """single-node.yaml says it is the defaults spelled out: every section value it sets is the default (it once set
+    drain_timeout_s 30 where the default is 20)."""
+    path = next(p for p in CONFIGS if p.name == "single-node.yaml")
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    loaded, default = load_config(path, environ={}), load_config(None, environ={})
+    checked = 0
+    for section in ("server", "lanes", "router", "telemetry"):
+        for key in raw.get(section, {}):
+            assert getattr(getattr(loaded, section), key) == getattr(getattr(default, section), key), \
+                f"single-node.yaml sets {section}.{key} to other than its default"
+            checked += 1
+    assert checked >= 20
