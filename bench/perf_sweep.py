@@ -53,7 +53,7 @@ sys.path.insert(0, str(HERE))
 
 import sweep_servers
 from common import CpuEnergyWindow, RaplMeter, emit, loops_cpu_s
-from sweep_summary import point_ratios, run_figures, summarise, summary_table
+from sweep_summary import point_ratios, run_figures, summarise, summary_table, targets_table
 
 from gt_serve.testing import model_builders as mb
 from gt_serve.testing.launcher import launch
@@ -411,6 +411,9 @@ def run_sweeps(a: argparse.Namespace, pa: str, repo: Path, triton_repo: Path | N
     if a.runs > 1:
         print(f"\nmedian of {a.runs} runs [lowest-highest], every ratio taken within its run:", flush=True)
         print(summary_table(summarise(runs)), flush=True)
+    targets = targets_table(runs)
+    if targets.count("\n") > 1:  # a row beyond the head: the sweep measured a target's point
+        print(f"\nissue #17's targets, gt-serve ({a.runs} run(s)):\n{targets}", flush=True)
 
 
 def one_run(a: argparse.Namespace, pa: str, repo: Path, triton_repo: Path | None, rapl: RaplMeter, cores: int,

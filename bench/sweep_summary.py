@@ -1,5 +1,8 @@
 """Same-run ratios of one perf_sweep run, and their medians over repeated runs (`perf_sweep.py --runs N`).
 
+`python bench/sweep_summary.py RESULTS.jsonl` prints them again from a sweep's `--jsonl` file (every run in it), with
+issue #17's targets as a Markdown table (`targets_table`, the README's).
+
 Every ratio is taken inside one run (gt-serve against the raw onnxruntime and the Triton measured in that run,
 minutes apart on the same machine), and only then summarised over runs: the median and the range, as the issue's
 three-run tables give them. A run's absolute numbers drift with the machine; its ratios drift much less.
@@ -76,3 +79,103 @@ def summary_table(summary: dict[tuple, dict]) -> str:
             cells.append(fmt.format(median) + spread)
         rows.append(f"{server:9} {model:8} {protocol:5} {conc:>4} " + "  ".join(cells))
     return "\n".join(rows)
+
+
+# issue #17's targets: (what, model, clients, figure, the bound, whether the figure must stay at or below it)
+TARGETS = (("one client: p50 <= 0.5 ms", "mlp", 1, "p50_ms", 0.5, True),
+           ("one client: server CPU <= 1.5x raw onnxruntime's batch 1 back to back", "mlp", 1, "cpu_per_raw", 1.5,
+            True),
+           ("64 clients: server CPU <= 0.10 ms per inference", "mlp", 64, "server_cpu_ms_per_inference", 0.10, True),
+           ("64 clients: >= 2x Triton-py's inf/s", "mlp", 64, "infs_per_triton", 2.0, False),
+           ("64 clients: >= 0.90 of raw onnxruntime's best batched inf/s", "convnet", 64, "infs_per_raw", 0.90, False))
+
+
+_FORMATS = {name: fmt for name, _, fmt in FIGURES}
+
+
+def _verdict(values: list[float], bound: float, at_most: bool) -> str:
+    met = sum(1 for v in values if (v <= bound if at_most else v >= bound))
+    return "met in every run" if met == len(values) else "met in no run" if not met else \
+        f"met in {met} of {len(values)} runs"
+
+
+def targets_table(runs: list[dict[tuple, dict]], protocols: tuple[str, ...] = ("http", "grpc")) -> str:
+    """Issue #17's targets against gt-serve's points in `runs` (run_figures' of each run), as a Markdown table: per
+    protocol the median [lowest-highest] over the runs and whether each run met the target; and whether throughput
+    rose (or held) from 16 to 64 clients in every run. A target whose points no run measured is left out."""
+    rows = ["| target | " + " | ".join(p.upper() if p == "http" else "gRPC" for p in protocols) + " |",
+            "|---|" + "---|" * len(protocols)]
+    for what, model, clients, figure, bound, at_most in TARGETS:
+        cells = []
+        for protocol in protocols:
+            key = ("gt_serve", model, protocol, clients)
+            values = [run[key][figure] for run in runs if key in run and not math.isnan(run[key].get(figure, NAN))]
+            if not values:
+                cells.append("-")
+                continue
+            fmt = _FORMATS[figure]
+            low, high = fmt.format(min(values)), fmt.format(max(values))
+            spread = f" [{low}-{high}]" if low != high else ""
+            cells.append(f"{fmt.format(statistics.median(values))}{spread}: {_verdict(values, bound, at_most)}")
+        if any(c != "-" for c in cells):
+            rows.append(f"| {model}, {what} | " + " | ".join(cells) + " |")
+    cells = []
+    for protocol in protocols:
+        at16, at64 = ("gt_serve", "mlp", protocol, 16), ("gt_serve", "mlp", protocol, 64)
+        pairs = [(run[at16]["inferences_per_s"], run[at64]["inferences_per_s"])
+                 for run in runs if at16 in run and at64 in run]
+        cells.append(f"{sum(1 for a, b in pairs if b >= a)} of {len(pairs)} runs rose or held" if pairs else "-")
+    if any(c != "-" for c in cells):
+        rows.append("| mlp, inf/s from 16 to 64 clients never falls | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def raw_of_run(lines: list[dict]) -> dict[str, dict]:
+    """model -> raw onnxruntime's baseline as perf_sweep's `raw_baseline` and `bracket_best` made it, from one run's
+    raw JSON lines: the lowest back-to-back batch-1 CPU, the paced point, the best batched point at the run's start
+    and end (their mean)."""
+    out = {}
+    for model in dict.fromkeys(p["model"] for p in lines):
+        mine = [p for p in lines if p["model"] == model]
+        batch1 = [p for p in mine if p["batch"] == 1 and not p["gap_ms"] and "at" not in p]
+        paced = [p for p in mine if p["gap_ms"]]
+        best = [max((p["inferences_per_s"] for p in mine if p.get("at") == at), default=NAN) for at in ("start", "end")]
+        best = [b for b in best if not math.isnan(b)]
+        out[model] = {"batch1_cpu_ms": min((p["cpu_ms_per_inference"] for p in batch1), default=NAN),
+                      "paced_cpu_ms": paced[0]["cpu_ms_per_inference"] if paced else NAN,
+                      "best_inferences_per_s": sum(best) / len(best) if best else NAN}
+    return out
+
+
+def runs_from_jsonl(lines: list[dict]) -> list[dict[tuple, dict]]:
+    """run_figures of each run in a perf_sweep `--jsonl` file's lines (a run begins with its header line)."""
+    runs: list[list[dict]] = []
+    for line in lines:
+        if "run" in line and "sweep" in line:
+            runs.append([])
+        elif runs and "server" in line:
+            runs[-1].append(line)
+    out = []
+    for run in runs:
+        raw = raw_of_run([p for p in run if p["server"] == "raw_onnxruntime"])
+        points = [p for p in run if p["server"] != "raw_onnxruntime" and "protocol" in p]
+        out.append(run_figures([p for p in points if p["model"] in raw], raw))
+    return out
+
+
+def main() -> None:
+    import json
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python bench/sweep_summary.py RESULTS.jsonl")
+    with open(sys.argv[1], encoding="utf-8") as f:
+        runs = runs_from_jsonl([json.loads(line) for line in f if line.strip()])
+    print(f"median of {len(runs)} run(s) [lowest-highest], every ratio taken within its run:")
+    print(summary_table(summarise(runs)))
+    print(f"\nissue #17's targets, gt-serve ({len(runs)} run(s)):")
+    print(targets_table(runs))
+
+
+if __name__ == "__main__":
+    main()

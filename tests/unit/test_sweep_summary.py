@@ -40,3 +40,52 @@ def test_medians_and_ranges_over_runs_skip_failed_points_and_missing_triton():
     assert ("gt_serve", "mlp", "http", 1) not in summary
     table = ss.summary_table(summary)
     assert "7000 [6000-8000]" in table and "2.50 [2.00-3.00]" in table
+
+
+def _run(p50, cpu64, infs16, infs64, triton64=None, convnet_share=None):
+    """One run's figures: gt-serve's mlp over HTTP at 1, 16 and 64 clients (Triton's, convnet's 64 when given)."""
+    points = [point("gt_serve", 3000, 0.5, conc=1, p50_ms=p50), point("gt_serve", infs16, 0.15, conc=16),
+              point("gt_serve", infs64, cpu64)]
+    raws = {"mlp": RAW}
+    if triton64 is not None:
+        points.append(point("triton", triton64, 0.3))
+    if convnet_share is not None:
+        points.append(dict(point("gt_serve", convnet_share * 1000, 1.4), model="convnet"))
+        raws["convnet"] = dict(RAW, best_inferences_per_s=1000.0)
+    return ss.run_figures(points, raws)
+
+
+def test_targets_table_says_in_how_many_runs_each_target_was_met():
+    runs = [_run(0.3, 0.09, 7000, 8000, triton64=4000, convnet_share=0.91),
+            _run(0.6, 0.12, 8000, 7000, triton64=3000, convnet_share=0.7),
+            _run(0.4, 0.13, 6000, 6000, triton64=5000, convnet_share=0.8)]
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in ss.targets_table(runs, ("http",)).splitlines()}
+    assert "0.400 [0.300-0.600]: met in 2 of 3 runs" in rows["mlp, one client: p50 <= 0.5 ms"]
+    assert "met in 1 of 3 runs" in rows["mlp, 64 clients: server CPU <= 0.10 ms per inference"]
+    assert "2.00 [1.20-2.33]: met in 2 of 3 runs" in rows["mlp, 64 clients: >= 2x Triton-py's inf/s"]
+    assert "met in 1 of 3 runs" in rows["convnet, 64 clients: >= 0.90 of raw onnxruntime's best batched inf/s"]
+    assert "2.00: met in no run" in rows["mlp, one client: server CPU <= 1.5x raw onnxruntime's batch 1 back to back"]
+    assert "2 of 3 runs rose or held" in rows["mlp, inf/s from 16 to 64 clients never falls"]
+
+
+def test_targets_table_leaves_out_what_no_run_measured():
+    table = ss.targets_table([_run(0.3, 0.09, 7000, 8000)], ("http", "grpc"))
+    assert "Triton" not in table and "convnet" not in table  # neither measured
+    assert "0.0900: met in every run | - |" in table  # no gRPC point
+
+
+def test_runs_from_a_jsonl_file_give_the_ratios_the_sweep_printed():
+    raw_lines = [{"model": "mlp", "server": "raw_onnxruntime", "batch": 1, "threads": t, "gap_ms": gap,
+                  "inferences_per_s": 1.0, "cpu_ms_per_inference": cpu}
+                 for t, gap, cpu in ((1, 0.0, 0.3), (2, 0.0, 0.25), (1, 0.5, 0.5))]
+    raw_lines += [{"model": "mlp", "at": at, "server": "raw_onnxruntime", "batch": b, "threads": 2, "gap_ms": 0.0,
+                   "inferences_per_s": infs, "cpu_ms_per_inference": 0.04}
+                  for at, b, infs in (("start", 8, 5000.0), ("start", 32, 9000.0), ("end", 32, 11000.0))]
+    header = {"sweep": "perf_analyzer", "run": 0}
+    lines = [header, *raw_lines, point("triton", 4000, 0.4), point("gt_serve", 8000, 0.1),
+             dict(header, run=1), *raw_lines, point("gt_serve", 6000, 0.2)]
+    runs = ss.runs_from_jsonl(lines)
+    assert len(runs) == 2
+    ours = runs[0][("gt_serve", "mlp", "http", 64)]  # raw as perf_sweep takes it: the lowest batch-1 CPU (0.25),
+    assert (ours["cpu_per_raw"], ours["cpu_per_paced_raw"], ours["infs_per_raw"]) == (0.4, 0.2, 0.8)  # best 10000
+    assert ours["infs_per_triton"] == 2.0 and math.isnan(runs[1][("gt_serve", "mlp", "http", 64)]["infs_per_triton"])
