@@ -11,9 +11,11 @@ the HTTP/2 one), so httptools calls them directly, at no cost per request.
 the same request line and headers byte for byte each time. A head whose request the express lane took
 (read whole, in one piece, on an idle connection) is remembered (`KnownHead`, per server); the same
 bytes read the same way, with a body of the same length, are offered to the lane as the `Request` the
-parser would have made, without the parser's callbacks and header decoding (issue #17). The same bytes
-in the same parser state parse the same, so this is only a shortcut: anything the lane declines, and
-anything else, is parsed.
+parser would have made, without the parser's callbacks and header decoding (issue #17). A known head read
+alone (a client that writes the head and the body apart, as perf_analyzer's often does when one client
+waits for each answer) is kept until the next read: a body of its length makes the same request, anything
+else goes to the parser behind the head. The same bytes in the same parser state parse the same, so this
+is only a shortcut: anything the lane declines, and anything else, is parsed.
 """
 from __future__ import annotations
 
@@ -186,13 +188,21 @@ class RequestParsing:
         took: offered to the lane as the parser would have given it, unparsed. False when the parser must read it."""
         end = _head_end(data)
         known = heads.get(data[:end]) if end else None
-        if known is None or len(data) - end != known.body_bytes or self._server._closing:
+        if known is None or self._server._closing:
+            return False
+        if len(data) == end and known.body_bytes:  # the head alone: its body is due as the parser would have it
+            self._split_head = data
+            self._phase = PHASE_BODY
+            self._phase_deadline_s = self._loop.time() + self._server._body_timeout_s
+            return True
+        if len(data) - end != known.body_bytes:
             return False
         # the body a view of what was read (not a copy: only the express lane sees it, which reads it in place)
         req = Request(known.method, known.path, known.query, known.headers, memoryview(data)[end:], True,
                       known.version)
         if self._offer_express(req):
-            self._server.known_heads_served += 1
+            self._phase = PHASE_IDLE  # a whole request read, as on_message_complete leaves it (a new connection's
+            self._server.known_heads_served += 1  # first one, too: its head timeout from the accept is over)
             return True
         del heads[data[:end]]  # declined (a stale plan, tracing on): the parser reads it and the full path decides
         return False

@@ -83,6 +83,7 @@ class _Connection(RequestParsing, asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_buffer: bytearray | None = None  # a large body grows in place instead of being joined
         self._body_bytes = 0
+        self._split_head: bytes | None = None  # a known head read alone, its body not yet (http_parsing.py)
 
     # ---- asyncio.Protocol ----
     def connection_made(self, transport) -> None:
@@ -123,6 +124,8 @@ class _Connection(RequestParsing, asyncio.Protocol):
             return
         self._last_activity_s = self._loop.time()
         heads = self._server._known_heads
+        if self._split_head is not None:  # read again behind the known head that came alone
+            data, self._split_head = self._split_head + data, None
         idle = heads is not None and not self._in_message and not self._busy and not self._queue and not self._paused
         if idle and heads and self._serve_known_head(heads, data):
             return

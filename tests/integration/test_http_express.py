@@ -374,9 +374,9 @@ async def test_a_reloaded_or_unloaded_model_is_not_served_from_an_old_plan(repo)
 @pytest.mark.asyncio
 async def test_a_head_seen_before_is_not_parsed_again_and_answers_the_same(repo):
     """A request whose line and headers repeat byte for byte one the express lane took is offered to it unparsed,
-    when it arrives whole: the same answers as the full path. A head that arrives before its body is parsed; a head
-    with `Connection: close` or `Expect: 100-continue` is never remembered (the same bytes would not be answered the
-    same way: a close, a 100 Continue first)."""
+    when it arrives whole, or its head alone and then its body: the same answers as the full path. A body that comes
+    in pieces behind a known head is parsed; a head with `Connection: close` or `Expect: 100-continue` is never
+    remembered (the same bytes would not be answered the same way: a close, a 100 Continue first)."""
     rng = np.random.default_rng(13)
 
     def req(**headers) -> tuple[bytes, np.ndarray]:
@@ -393,14 +393,24 @@ async def test_a_head_seen_before_is_not_parsed_again_and_answers_the_same(repo)
             assert np.array_equal(outputs_of(got[2], got[1])["OUTPUT0"], total)
         assert served(fast) == 5 and unparsed(fast) == 4
         server = fast.http._server
-        # the head first, the body once the server is reading it: parsed
+        # the head first, the body once the server has read the head: kept, and served with its body unparsed
         request, total = req()
         split = request.index(b"\r\n\r\n") + 4
         conns[0].writer.write(request[:split])
-        await until(lambda: any(c._in_message for c in server._connections), "the head was never read")
+        await until(lambda: any(c._split_head for c in server._connections), "the head was never read")
         (got,) = await conns[0].send(request[split:])
         assert got[0] == 200 and np.array_equal(outputs_of(got[2], got[1])["OUTPUT0"], total)
-        assert served(fast) == 6 and unparsed(fast) == 4
+        assert served(fast) == 6 and unparsed(fast) == 5
+        # the head, then its body in two pieces: the parser reads the head it kept and what follows
+        request, total = req()
+        conns[0].writer.write(request[:split])
+        await until(lambda: any(c._split_head for c in server._connections), "the head was never read")
+        conns[0].writer.write(request[split:split + 8])
+        await until(lambda: any(c._in_message for c in server._connections), "the body's start was never read")
+        (got,) = await conns[0].send(request[split + 8:])
+        assert got[0] == 200 and got[3].startswith(b"HTTP/1.1 200 OK")
+        assert np.array_equal(outputs_of(got[2], got[1])["OUTPUT0"], total)
+        assert served(fast) == 7 and unparsed(fast) == 5
         for c in conns:
             await c.close()
         known = len(server._known_heads)
@@ -415,8 +425,44 @@ async def test_a_head_seen_before_is_not_parsed_again_and_answers_the_same(repo)
                 assert answers[0][0] == 200 and np.array_equal(outputs_of(answers[0][2], answers[0][1])["OUTPUT0"],
                                                                total)
                 await conn.close()
-        assert len(server._known_heads) == known and unparsed(fast) == 4
-        assert served(fast) > 6  # served from their plans, parsed
+        assert len(server._known_heads) == known and unparsed(fast) == 5
+        assert served(fast) > 7  # served from their plans, parsed
+
+
+@pytest.mark.asyncio
+async def test_a_connection_whose_first_request_came_from_a_known_head_is_idle_not_mid_head(repo):
+    """A new connection's first request served from a known head (another connection taught it) leaves the connection
+    idle, as a parsed request does: its head timeout, counted from the accept, does not end it later (it did: 408
+    once header_timeout_s had passed, at a moment between two requests). A known head kept for its body has the
+    parser's body timeout."""
+    rng = np.random.default_rng(17)
+    header_timeout_s = 0.5
+
+    def req() -> bytes:
+        a, b = simple_pair(rng)
+        return infer_bytes("/v2/models/simple/infer", {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)},
+                           outputs=BOTH)
+
+    async with serving(repo, header_timeout_s=header_timeout_s, body_timeout_s=header_timeout_s) as fast:
+        teacher = await Connection.open(fast)
+        for _ in range(5):  # the full path's requests teach the plan, one served from it the head
+            assert [a[0] for a in await teacher.send(req())] == [200]
+        taught = unparsed(fast)
+        assert taught
+        conn = await Connection.open(fast)
+        assert [a[0] for a in await conn.send(req())] == [200]
+        assert unparsed(fast) == taught + 1  # its first request came from the known head
+        with pytest.raises(asyncio.TimeoutError):  # three head timeouts pass: nothing is sent, nothing closes
+            await asyncio.wait_for(conn.reader.read(1), 3 * header_timeout_s)
+        assert [a[0] for a in await conn.send(req())] == [200]
+        request = req()
+        conn.writer.write(request[:request.index(b"\r\n\r\n") + 4])  # a known head, and no body
+        status, _, body, _ = await read_response(conn.reader)
+        assert status == 408 and b"request body not received within 0.5 s" in body
+        assert await asyncio.wait_for(conn.reader.read(), TIMEOUT_S) == b""  # and the connection closed
+        assert unparsed(fast) == taught + 2
+        for c in (teacher, conn):
+            await c.close()
 
 
 # perf_analyzer --async numbers its requests; a tritonclient user may give each a UUID; any other id is keyed as is
