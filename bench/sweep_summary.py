@@ -148,7 +148,8 @@ def raw_of_run(lines: list[dict]) -> dict[str, dict]:
 
 
 def runs_from_jsonl(lines: list[dict]) -> list[dict[tuple, dict]]:
-    """run_figures of each run in a perf_sweep `--jsonl` file's lines (a run begins with its header line)."""
+    """run_figures of each run in a perf_sweep (or perf_repo) `--jsonl` file's lines (a run begins with its header
+    line)."""
     runs: list[list[dict]] = []
     for line in lines:
         if "run" in line and "sweep" in line:
@@ -159,7 +160,9 @@ def runs_from_jsonl(lines: list[dict]) -> list[dict[tuple, dict]]:
     for run in runs:
         raw = raw_of_run([p for p in run if p["server"] == "raw_onnxruntime"])
         points = [p for p in run if p["server"] != "raw_onnxruntime" and "protocol" in p]
-        out.append(run_figures([p for p in points if p["model"] in raw], raw))
+        for p in points:  # a model raw onnxruntime could not be fed (bench/perf_repo.py): no ratios to it, as there
+            raw.setdefault(p["model"], dict.fromkeys(("batch1_cpu_ms", "paced_cpu_ms", "best_inferences_per_s"), NAN))
+        out.append(run_figures(points, raw))
     return out
 
 

@@ -89,3 +89,9 @@ def test_runs_from_a_jsonl_file_give_the_ratios_the_sweep_printed():
     ours = runs[0][("gt_serve", "mlp", "http", 64)]  # raw as perf_sweep takes it: the lowest batch-1 CPU (0.25),
     assert (ours["cpu_per_raw"], ours["cpu_per_paced_raw"], ours["infs_per_raw"]) == (0.4, 0.2, 0.8)  # best 10000
     assert ours["infs_per_triton"] == 2.0 and math.isnan(runs[1][("gt_serve", "mlp", "http", 64)]["infs_per_triton"])
+
+
+def test_a_model_raw_onnxruntime_was_not_run_for_keeps_its_points_without_raw_ratios():
+    lines = [{"sweep": "perf_repo", "run": 0}, point("gt_serve", 8000, 0.1)]
+    ours = ss.runs_from_jsonl(lines)[0][("gt_serve", "mlp", "http", 64)]
+    assert ours["inferences_per_s"] == 8000 and math.isnan(ours["cpu_per_raw"]) and math.isnan(ours["infs_per_raw"])
