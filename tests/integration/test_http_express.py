@@ -375,8 +375,9 @@ async def test_a_reloaded_or_unloaded_model_is_not_served_from_an_old_plan(repo)
 async def test_a_head_seen_before_is_not_parsed_again_and_answers_the_same(repo):
     """A request whose line and headers repeat byte for byte one the express lane took is offered to it unparsed,
     when it arrives whole, or its head alone and then its body: the same answers as the full path. A body that comes
-    in pieces behind a known head is parsed; a head with `Connection: close` or `Expect: 100-continue` is never
-    remembered (the same bytes would not be answered the same way: a close, a 100 Continue first)."""
+    in pieces behind a known head, or with the next request behind it, is parsed; a head with `Connection: close` or
+    `Expect: 100-continue` is never remembered (the same bytes would not be answered the same way: a close, a 100
+    Continue first)."""
     rng = np.random.default_rng(13)
 
     def req(**headers) -> tuple[bytes, np.ndarray]:
@@ -411,6 +412,15 @@ async def test_a_head_seen_before_is_not_parsed_again_and_answers_the_same(repo)
         assert got[0] == 200 and got[3].startswith(b"HTTP/1.1 200 OK")
         assert np.array_equal(outputs_of(got[2], got[1])["OUTPUT0"], total)
         assert served(fast) == 7 and unparsed(fast) == 5
+        # the head, then its body with the next request behind it in one read: both parsed, answered in order
+        (first, total1), (second, total2) = req(), req()
+        conns[0].writer.write(first[:split])
+        await until(lambda: any(c._split_head for c in server._connections), "the head was never read")
+        answers = await conns[0].send(first[split:], second)  # written in one piece
+        assert [a[0] for a in answers] == [200, 200]
+        for (_, headers, body, _), total in zip(answers, (total1, total2)):
+            assert np.array_equal(outputs_of(body, headers)["OUTPUT0"], total)
+        assert unparsed(fast) == 5
         for c in conns:
             await c.close()
         known = len(server._known_heads)
@@ -426,7 +436,7 @@ async def test_a_head_seen_before_is_not_parsed_again_and_answers_the_same(repo)
                                                                total)
                 await conn.close()
         assert len(server._known_heads) == known and unparsed(fast) == 5
-        assert served(fast) > 7  # served from their plans, parsed
+        assert served(fast) > 8  # served from their plans, parsed
 
 
 @pytest.mark.asyncio
