@@ -53,7 +53,8 @@ sys.path.insert(0, str(HERE))
 
 import sweep_servers
 from common import CpuEnergyWindow, RaplMeter, emit, loops_cpu_s
-from sweep_summary import point_ratios, run_figures, summarise, summary_table, targets_table
+from sweep_summary import (bracket_best, point_ratios, raw_at_start, run_figures, summarise, summary_table,
+                           targets_table)
 
 from gt_serve.testing import model_builders as mb
 from gt_serve.testing.launcher import launch
@@ -135,12 +136,7 @@ def raw_baseline(repo: Path, model: str, cores: int, duration_s: float, jsonl: s
               for b, t, gap in ((1, 1, 0.0), (1, cores, 0.0), (1, 1, 0.0005))]
     batch1 = [p for p in points if p["batch"] == 1 and not p["gap_ms"]]
     paced = next(p for p in points if p["gap_ms"])
-    best = raw_best(repo, model, cores, duration_s, jsonl, feed=feed, batches=batches)
-    return {"batch1_cpu_ms": min(p["cpu_ms_per_inference"] for p in batch1),
-            "batch1_p50_ms": min(p["p50_ms"] for p in batch1),
-            "paced_cpu_ms": paced["cpu_ms_per_inference"], "paced_p50_ms": paced["p50_ms"],
-            "best_inferences_per_s": best["inferences_per_s"], "best_cpu_ms": best["cpu_ms_per_inference"],
-            "best_at_start": best["inferences_per_s"]}
+    return raw_at_start(batch1, paced, raw_best(repo, model, cores, duration_s, jsonl, feed=feed, batches=batches))
 
 
 def raw_best(repo: Path, model: str, cores: int, duration_s: float, jsonl: str | None, at: str = "start",
@@ -168,15 +164,6 @@ def model_file(repo: Path, model: str) -> Path:
     if not versions:
         raise FileNotFoundError(f"no {repo / model}/<version>/model.onnx")
     return versions[-1] / "model.onnx"
-
-
-def bracket_best(raw: dict, end: dict) -> dict:
-    """`raw` with its best batched figures the mean of the run's start and end (`end`: raw_best measured after the
-    servers): the servers' points come minutes after the start, and this machine's speed drifts by tens of percent
-    between minutes, which a ratio to one end alone would carry whole."""
-    return {**raw, "best_at_end": end["inferences_per_s"],
-            "best_inferences_per_s": round((raw["best_at_start"] + end["inferences_per_s"]) / 2, 1),
-            "best_cpu_ms": round((raw["best_cpu_ms"] + end["cpu_ms_per_inference"]) / 2, 4)}
 
 
 # -- perf_analyzer points ------------------------------------------------------------------------------

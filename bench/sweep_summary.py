@@ -130,20 +130,38 @@ def targets_table(runs: list[dict[tuple, dict]], protocols: tuple[str, ...] = ("
     return "\n".join(rows)
 
 
+def raw_at_start(batch1: list[dict], paced: dict, best: dict) -> dict:
+    """raw onnxruntime's baseline at a run's start (perf_sweep.raw_baseline): the lowest back-to-back batch-1 CPU and
+    p50 of `batch1` (one thread and every core), the point `paced` 0.5 ms apart, the `best` batched point."""
+    return {"batch1_cpu_ms": min(p["cpu_ms_per_inference"] for p in batch1),
+            "batch1_p50_ms": min(p["p50_ms"] for p in batch1),
+            "paced_cpu_ms": paced["cpu_ms_per_inference"], "paced_p50_ms": paced["p50_ms"],
+            "best_inferences_per_s": best["inferences_per_s"], "best_cpu_ms": best["cpu_ms_per_inference"],
+            "best_at_start": best["inferences_per_s"]}
+
+
+def bracket_best(raw: dict, end: dict) -> dict:
+    """`raw` with its best batched figures the mean of the run's start and end (`end`: raw_best measured after the
+    servers): the servers' points come minutes after the start, and this machine's speed drifts by tens of percent
+    between minutes, which a ratio to one end alone would carry whole."""
+    return {**raw, "best_at_end": end["inferences_per_s"],
+            "best_inferences_per_s": round((raw["best_at_start"] + end["inferences_per_s"]) / 2, 1),
+            "best_cpu_ms": round((raw["best_cpu_ms"] + end["cpu_ms_per_inference"]) / 2, 4)}
+
+
 def raw_of_run(lines: list[dict]) -> dict[str, dict]:
-    """model -> raw onnxruntime's baseline as perf_sweep's `raw_baseline` and `bracket_best` made it, from one run's
-    raw JSON lines: the lowest back-to-back batch-1 CPU, the paced point, the best batched point at the run's start
-    and end (their mean)."""
+    """model -> raw onnxruntime's baseline as perf_sweep made it (`raw_at_start`, `bracket_best`), from one run's raw
+    JSON lines; a model without its start's points is left out."""
     out = {}
     for model in dict.fromkeys(p["model"] for p in lines):
         mine = [p for p in lines if p["model"] == model]
         batch1 = [p for p in mine if p["batch"] == 1 and not p["gap_ms"] and "at" not in p]
         paced = [p for p in mine if p["gap_ms"]]
-        best = [max((p["inferences_per_s"] for p in mine if p.get("at") == at), default=NAN) for at in ("start", "end")]
-        best = [b for b in best if not math.isnan(b)]
-        out[model] = {"batch1_cpu_ms": min((p["cpu_ms_per_inference"] for p in batch1), default=NAN),
-                      "paced_cpu_ms": paced[0]["cpu_ms_per_inference"] if paced else NAN,
-                      "best_inferences_per_s": sum(best) / len(best) if best else NAN}
+        start, end = (max((p for p in mine if p.get("at") == at), key=lambda p: p["inferences_per_s"], default=None)
+                      for at in ("start", "end"))
+        if batch1 and paced and start is not None:
+            raw = raw_at_start(batch1, paced[0], start)
+            out[model] = raw if end is None else bracket_best(raw, end)
     return out
 
 

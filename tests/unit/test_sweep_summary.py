@@ -76,10 +76,10 @@ def test_targets_table_leaves_out_what_no_run_measured():
 
 def test_runs_from_a_jsonl_file_give_the_ratios_the_sweep_printed():
     raw_lines = [{"model": "mlp", "server": "raw_onnxruntime", "batch": 1, "threads": t, "gap_ms": gap,
-                  "inferences_per_s": 1.0, "cpu_ms_per_inference": cpu}
+                  "inferences_per_s": 1.0, "p50_ms": 0.1, "cpu_ms_per_inference": cpu}
                  for t, gap, cpu in ((1, 0.0, 0.3), (2, 0.0, 0.25), (1, 0.5, 0.5))]
     raw_lines += [{"model": "mlp", "at": at, "server": "raw_onnxruntime", "batch": b, "threads": 2, "gap_ms": 0.0,
-                   "inferences_per_s": infs, "cpu_ms_per_inference": 0.04}
+                   "inferences_per_s": infs, "p50_ms": 1.0, "cpu_ms_per_inference": 0.04}
                   for at, b, infs in (("start", 8, 5000.0), ("start", 32, 9000.0), ("end", 32, 11000.0))]
     header = {"sweep": "perf_analyzer", "run": 0}
     lines = [header, *raw_lines, point("triton", 4000, 0.4), point("gt_serve", 8000, 0.1),
