@@ -91,7 +91,7 @@ class HttpFrontEnd:
         self._express = HttpExpress(dataplane, self._answers, auth=self._auth, trace_settings=self._trace_settings,
                                     max_json_bytes=self._templates.max_json_bytes,
                                     compress_min_bytes=compress_min_bytes) if express else None
-        self._server = HttpServer(self._handle, express=self._express.serve if express else None,
+        self._server = HttpServer(self._handle, express=self._express.serve if express else None, bound=self._express,
                                   max_body_bytes=max_body_bytes, max_connections=max_connections,
                                   idle_timeout_s=idle_timeout_s, header_timeout_s=header_timeout_s,
                                   body_timeout_s=body_timeout_s)

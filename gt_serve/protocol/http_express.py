@@ -21,12 +21,13 @@ import hmac
 import logging
 from typing import Any, Callable
 
+from ..datatypes import numpy_dtype
 from ..errors import GtServeError
 from ..types import InferRequest, InferResponse
 from .codec import raw_from_array
 from .express_plans import Plan, now_ns, plannable, settle
 from .http_infer import choose_encoding, compressed_response
-from .http_messages import Request, Response, json_error
+from .http_messages import Request, Response, json_error, response_head
 from .http_templates import AnswerTemplates
 from .request_forms import json_id, with_id
 from .status import http_headers, http_status
@@ -59,6 +60,7 @@ class HttpExpress:
         # (path, JSON part or json_id's key, its length) -> (plan, binary bytes, keyed without the id)
         self._plans: dict[tuple, tuple[Plan, int, bool]] = {}
         self.served = 0
+        self.bound_served = 0  # of those, bound requests (`serve_bound`)
 
     def _header_length(self, req: Request) -> int | None:
         """The JSON part's length when the request could be planned or served from a plan, else None."""
@@ -127,13 +129,84 @@ class HttpExpress:
         if future is None:
             return None
         accept = req.headers.get("accept-encoding")
-        encoding = choose_encoding(accept) if accept else None
-        answer = self._response if encoding is None else \
-            (lambda plan, request_id, outputs: self._compressed(self._response(plan, request_id, outputs), encoding))
+        answer = self._answer(choose_encoding(accept) if accept else None)
         future.add_done_callback(lambda f: settle(f, plan, request_id, self._dp, start_ns, answer,
                                                   lambda exc: error_response(exc, f"{req.method} {req.path}"), reply))
         self.served += 1
         return future
+
+    def _answer(self, encoding: str | None) -> Callable[[Plan, str, list], Response]:
+        """What answers a request whose Accept-Encoding chose `encoding`: `_response`, compressed when it says so."""
+        if encoding is None:
+            return self._response
+        return lambda plan, request_id, outputs: self._compressed(self._response(plan, request_id, outputs), encoding)
+
+    # ---- bound requests (http_known.py): a known head and JSON part, resolved once ----
+    def bind(self, req: Request) -> Binding | None:
+        """`req`, a whole request of a known head, was just taken by `serve`: what `serve` resolved it to, which holds
+        for any request with the same head and JSON part byte for byte (`serve_bound`); None if it does not resolve."""
+        n = self._header_length(req)
+        if n is None:
+            return None
+        json_part = bytes(req.body[:n])
+        key, cut, request_id = (req.path, json_part, n), False, ""
+        if key not in self._plans:  # as `serve` looks it up: keyed with its id cut out
+            keyed = json_id(json_part)
+            if keyed is None:
+                return None
+            key, cut, request_id = (req.path, keyed[0], n), True, keyed[1]
+        accept = req.headers.get("accept-encoding")
+        return Binding(json_part, key, cut, request_id, choose_encoding(accept) if accept else None,
+                       f"{req.method} {req.path}", req.http_version)
+
+    def serve_bound(self, binding: Binding, body) -> tuple | bool | None:
+        """`serve` for a request with `binding`'s head and JSON part (the connection compared them) and a body of the
+        head's length: (its future, plan, id, start, binding) when taken; False when refused where `serve` refuses
+        it (nothing queued: the full path answers it); None where `serve` must decide (nothing was done)."""
+        if self._trace_settings.active:
+            return None
+        known = self._plans.get(binding.key)
+        if known is None or (binding.cut and not known[2]) or len(body) - len(binding.json) != known[1]:
+            return None
+        plan = known[0]
+        if self._dp.express_model(plan.name, plan.version) is not plan.model:
+            return None  # `serve` drops the stale plan
+        start_ns = now_ns()
+        future = plan.submit(self._dp, plan.model, body)
+        if future is None:
+            return False
+        self.served += 1
+        self.bound_served += 1
+        return future, plan, binding.request_id if binding.cut else plan.request.id, start_ns, binding
+
+    def bound_answer(self, future, call: tuple) -> bytes | None:
+        """The bytes of the keep-alive answer `settle` would write for the bound request `call` (`serve_bound`'s), its
+        `future` done: its plan's answer for these output shapes, joined with the outputs, when it has one, nothing is
+        compressed or in shared memory, and the outputs are as `raw_from_array` sends them; else None."""
+        if future.exception() is not None:
+            return None
+        _, plan, request_id, _, binding = call
+        if binding.encoding is not None or plan.shm_outputs:
+            return None
+        outputs = plan.outputs(future.result())
+        template = plan.answers.get(tuple([a.shape for a in outputs]))
+        if template is None:
+            return None
+        kept = binding.answer
+        if kept is None or kept[0] is not template or kept[1] != request_id:
+            kept = binding.answer = _bound_head(template, request_id, plan, outputs, binding.version)
+            if kept is None:
+                return None
+        for a, dtype in zip(outputs, kept[3]):
+            if a.dtype != dtype or not a.size or not a.flags.c_contiguous:
+                return None
+        return b"".join([kept[2], *outputs])
+
+    def settle_bound(self, future, call: tuple, reply: Callable[[Response], None]) -> None:
+        """`settle` the bound request `call` as `serve`'s callback would have settled it."""
+        _, plan, request_id, start_ns, binding = call
+        settle(future, plan, request_id, self._dp, start_ns, self._answer(binding.encoding),
+               lambda exc: error_response(exc, binding.what), reply)
 
     def _compressed(self, resp: Response, encoding: str) -> Response:
         """`resp` compressed with `encoding` as `HttpFrontEnd._encode` compresses an answer that is large enough."""
@@ -158,3 +231,37 @@ class HttpExpress:
         json_part = with_id(before, after, request_id)
         parts = [json_part, *[raw_from_array(a, t) for a, t in zip(outputs, plan.datatypes) if a.size]]
         return Response(200, parts if len(parts) > 1 else json_part, headers, heads)
+
+
+class Binding:
+    """What `serve` resolved a known head's request with one JSON part to (`HttpExpress.bind`): the plan's key, the
+    id (for a plan keyed with the id cut out), the answer's encoding; `answer`: the last answer head made for it."""
+
+    __slots__ = ("json", "key", "cut", "request_id", "encoding", "what", "version", "answer")
+
+    def __init__(self, json_part: bytes, key: tuple, cut: bool, request_id: str, encoding: str | None, what: str,
+                 version: str) -> None:
+        self.json, self.key, self.cut, self.request_id = json_part, key, cut, request_id
+        self.encoding, self.what, self.version = encoding, what, version
+        self.answer: tuple | None = None  # (answer template, id, status line to JSON part, output dtypes)
+
+
+_JOIN_MAX_BYTES = 65536  # http_server._Connection._write joins an answer up to this length, writes larger in pieces
+
+
+def _bound_head(template: tuple, request_id: str, plan: Plan, outputs: list, version: str) -> tuple | None:
+    """(template, id, the answer's bytes up to its outputs, their dtypes) for a keep-alive answer of `outputs`' sizes,
+    as `_response` and the connection's `_write` make it; None for an answer they would not join in one write."""
+    before, after, headers, heads = template
+    json_part = with_id(before, after, request_id)
+    dtypes = [numpy_dtype(t) for t in plan.datatypes]
+    if any(d.hasobject for d in dtypes):
+        return None
+    length = len(json_part) + sum(a.size * d.itemsize for a, d in zip(outputs, dtypes))
+    if length > _JOIN_MAX_BYTES:
+        return None
+    key = (True, version, length)
+    head = heads.get(key)
+    if head is None:
+        head = heads[key] = response_head(200, headers, True, version, length)
+    return template, request_id, head + json_part, dtypes

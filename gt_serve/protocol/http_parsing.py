@@ -7,15 +7,8 @@ here too. Their own module so that `http_server.py` holds the connection's queue
 flow control, and the server; the methods are mixed into the connection (as `h2/output.py` is into
 the HTTP/2 one), so httptools calls them directly, at no cost per request.
 
-**Heads seen before.** perf_analyzer, and any client that repeats a request with new tensor data, sends
-the same request line and headers byte for byte each time. A head whose request the express lane took
-(read whole, in one piece, on an idle connection) is remembered (`KnownHead`, per server); the same
-bytes read the same way, with a body of the same length, are offered to the lane as the `Request` the
-parser would have made, without the parser's callbacks and header decoding (issue #17). A known head read
-alone (a client that writes the head and the body apart, as perf_analyzer's often does when one client
-waits for each answer) is kept until the next read: a body of its length makes the same request, anything
-else goes to the parser behind the head. The same bytes in the same parser state parse the same, so this
-is only a shortcut: anything the lane declines, and anything else, is parsed.
+The express lane's side of the connection (requests offered to it unparsed, their heads seen before) is in
+`http_known.py`.
 """
 from __future__ import annotations
 
@@ -29,27 +22,6 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 # where a connection is in reading a request (for its timeouts)
 PHASE_IDLE, PHASE_HEAD, PHASE_BODY = 0, 1, 2
-
-
-_MAX_KNOWN_HEAD = 8192  # request heads longer than this are not remembered
-_KNOWN_HEADS = 64  # heads remembered per server (all forgotten when full)
-
-
-def _head_end(data) -> int:
-    """Where the head of the request at the start of `data` ends (after its blank line), or 0: not within
-    _MAX_KNOWN_HEAD bytes. What a known head is remembered by and looked up by."""
-    end = data.find(b"\r\n\r\n", 0, _MAX_KNOWN_HEAD)
-    return 0 if end <= 0 else end + 4
-
-
-class KnownHead:
-    """What a request head, byte for byte, parsed to, with the length of its Content-Length body."""
-
-    __slots__ = ("method", "path", "query", "headers", "version", "body_bytes")
-
-    def __init__(self, req: Request) -> None:
-        self.method, self.path, self.query, self.headers = req.method, req.path, req.query_string, req.headers
-        self.version, self.body_bytes = req.http_version, len(req.body)
 
 
 class _StopParsing(Exception):
@@ -181,43 +153,3 @@ class RequestParsing:
                 return
             deadline = min(deadline, now + step)
         self._timer = self._loop.call_at(deadline, self._check_timeout)
-
-    # ---- request heads seen before (the express lane's) ----
-    def _serve_known_head(self, heads: dict, data: bytes) -> bool:
-        """`data`, read on an idle connection, is one whole request whose head is byte for byte one the express lane
-        took: offered to the lane as the parser would have given it, unparsed. False when the parser must read it."""
-        end = _head_end(data)
-        known = heads.get(data[:end]) if end else None
-        if known is None or self._server._closing:
-            return False
-        if len(data) == end and known.body_bytes:  # the head alone: its body is due as the parser would have it
-            self._split_head = data
-            self._phase = PHASE_BODY
-            self._phase_deadline_s = self._loop.time() + self._server._body_timeout_s
-            return True
-        if len(data) - end != known.body_bytes:
-            return False
-        # the body a view of what was read (not a copy: only the express lane sees it, which reads it in place)
-        req = Request(known.method, known.path, known.query, known.headers, memoryview(data)[end:], True,
-                      known.version)
-        if self._offer_express(req):
-            self._phase = PHASE_IDLE  # a whole request read, as on_message_complete leaves it (a new connection's
-            self._server.known_heads_served += 1  # first one, too: its head timeout from the accept is over)
-            return True
-        del heads[data[:end]]  # declined (a stale plan, tracing on): the parser reads it and the full path decides
-        return False
-
-    def _learn_head(self, heads: dict, data: bytes) -> None:
-        """`data` was exactly one request, begun on an idle connection, and the express lane took it: remember its
-        head, when the same bytes would always parse to the same request (a kept-alive one, a Content-Length body
-        and nothing to answer before it: no Expect)."""
-        req = self._express_request
-        body, headers = req.body, req.headers
-        end = _head_end(data)
-        if not end or len(data) - end != len(body) or not req.keep_alive \
-                or headers.get("content-length") != str(len(body)) or "expect" in headers \
-                or "transfer-encoding" in headers:
-            return
-        if len(heads) >= _KNOWN_HEADS:
-            heads.clear()
-        heads[data[:end]] = KnownHead(req)

@@ -14,13 +14,15 @@ connection's first request) and its body within `body_timeout_s` of the end of t
 and close; a connection idle longer than `idle_timeout_s` between requests is closed. Writes are back-pressured: while
 the transport's write buffer is above its high-water mark the connection stops reading.
 `Request`, `Response` and the response head's encoding are in `http_messages.py`; the parser callbacks
-that build a `Request`, with the head and body limits, in `http_parsing.py` (mixed into the connection).
+that build a `Request`, with the head and body limits, in `http_parsing.py`, and the express lane's side of the
+connection in `http_known.py` (both mixed into the connection).
 
 An optional `express(request, reply)` callable serves a request without the worker: offered each request that
 arrives on an idle connection (nothing queued or running, reading and writing not paused), it returns a
 cancellable pending object, and later calls `reply(response)`, or None to leave the request to the worker. While
 it runs the connection is busy: requests behind it queue, and the worker takes them once its response is written.
-A request whose head, byte for byte, the express lane took before is offered to it unparsed (http_parsing.py).
+A request whose head, byte for byte, the express lane took before is offered to it unparsed, and one whose JSON part
+too is submitted from what the lane made of the last (`bound`: http_known.py).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from typing import Any, Awaitable, Callable
 import httptools
 
 from .http_messages import Request, Response, json_error, part_nbytes, response_bytes, response_head
+from .http_known import KnownRequests
 from .http_parsing import CONTINUE, PHASE_HEAD, RequestParsing
 
 _log = logging.getLogger(__name__)
@@ -50,7 +53,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 Express = Callable[[Request, Callable[[Response], None]], Any]
 
 
-class _Connection(RequestParsing, asyncio.Protocol):
+class _Connection(KnownRequests, RequestParsing, asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self._server = server
         self._loop = server._loop
@@ -58,6 +61,7 @@ class _Connection(RequestParsing, asyncio.Protocol):
         self._express = server._express
         self._express_pending: Any = None  # what `express` returned for the request it is serving
         self._express_request: Request | None = None
+        self._bound_call: Any = None  # what the bound request being served was submitted as (http_known.py)
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._queue: collections.deque = collections.deque()
@@ -83,7 +87,7 @@ class _Connection(RequestParsing, asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_buffer: bytearray | None = None  # a large body grows in place instead of being joined
         self._body_bytes = 0
-        self._split_head: bytes | None = None  # a known head read alone, its body not yet (http_parsing.py)
+        self._split_head: bytes | None = None  # a known head read alone, its body not yet (http_known.py)
 
     # ---- asyncio.Protocol ----
     def connection_made(self, transport) -> None:
@@ -168,45 +172,11 @@ class _Connection(RequestParsing, asyncio.Protocol):
             return  # the worker takes it once the express response is written
         self._wake_worker()
 
-    def _offer_express(self, item: Request) -> bool:
-        """Offer `item` to the express lane (the connection is idle); True when the lane took it."""
-        try:
-            pending = self._express(item, self._express_reply)
-        except Exception:  # a bug there must not turn into a parse error: the worker serves it
-            _log.exception("express lane failed on %r; served the full way", item)
-            return False
-        if pending is None:
-            return False
-        self._busy = True
-        self._express_pending, self._express_request = pending, item
-        return True
-
     def _wake_worker(self) -> None:
         if self._worker is None:
             self._worker = self._loop.create_task(self._run())
         elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
-
-    def _express_reply(self, resp: Response) -> None:
-        """The express request's response: written as the worker writes one, then the worker takes what queued."""
-        item = self._express_request
-        self._express_pending = self._express_request = None
-        self._busy = False
-        transport = self._transport
-        if transport is None or item is None:
-            return
-        queue = self._queue
-        keep_alive = item.keep_alive and not ((self._server._closing or self._done) and not queue)
-        self._write(resp, keep_alive, item.http_version, False)
-        self._last_activity_s = self._loop.time()
-        if not keep_alive:
-            transport.close()
-            return
-        if self._continue_pending and not queue:
-            self._continue_pending = False
-            transport.write(CONTINUE)
-        if queue:
-            self._wake_worker()
 
     def _fail(self, status: int, message: str) -> None:
         """Queue a final error response (written after the pending ones) and stop reading."""
@@ -327,12 +297,14 @@ class _Connection(RequestParsing, asyncio.Protocol):
 class HttpServer:
     """Owns the listening socket and the connections. `start`, then `close(drain_timeout_s)`."""
 
-    def __init__(self, handler: Handler, *, express: Express | None = None, max_body_bytes: int = 256 * 1024 * 1024,
+    def __init__(self, handler: Handler, *, express: Express | None = None, bound: Any = None,
+                 max_body_bytes: int = 256 * 1024 * 1024,
                  max_connections: int = 1024, idle_timeout_s: float = 60.0, header_timeout_s: float = 10.0,
                  body_timeout_s: float | None = None) -> None:
         self._handler = handler
         self._express = express
-        # request heads, byte for byte, that the express lane took (http_parsing.KnownHead): not parsed again
+        self._bound = bound if express is not None else None  # HttpExpress: bind / serve_bound / ... (http_known.py)
+        # request heads, byte for byte, that the express lane took (http_known.KnownHead): not parsed again
         self._known_heads: dict[bytes, Any] | None = {} if express is not None else None
         self.known_heads_served = 0
         self._max_body_bytes = max_body_bytes

@@ -274,9 +274,11 @@ async def test_requests_that_come_one_at_a_time_run_at_once_as_the_queue_would_r
 
 
 @pytest.mark.asyncio
-async def test_a_client_that_goes_away_while_its_request_waits_costs_nobody_else(repo):
+@pytest.mark.parametrize("taught", [2, 4], ids=["express", "bound"])
+async def test_a_client_that_goes_away_while_its_request_waits_costs_nobody_else(repo, taught):
     """`gather_pair` runs two requests together and keeps a lone one waiting: a client drops its connection while
-    its express request waits; the next pair is answered, each with its own rows, and the server goes on."""
+    its express request waits; the next pair is answered, each with its own rows, and the server goes on. After two
+    pairs the lone request is served from the plan; after four, from its head's binding (test_http_bound.py)."""
     def req(index: int) -> bytes:
         return infer_bytes("/v2/models/gather_pair/infer", {"INDICES": ("INT64", np.array([[index]], np.int64))},
                                outputs=["OUTPUT"])
@@ -289,12 +291,14 @@ async def test_a_client_that_goes_away_while_its_request_waits_costs_nobody_else
         return [a for (a,) in answers]
 
     async with serving(repo) as app:
-        for i, j in ((1, 2), (3, 4)):  # learn the plan
-            assert [a[0] for a in await pair(app, i, j)] == [200, 200]
+        for i in range(taught):  # learn the plan (and the head, and bind it)
+            assert [a[0] for a in await pair(app, 2 * i, 2 * i + 1)] == [200, 200]
         before, connections = served(app), app.http._server.connection_count
+        bound = app.http._express.bound_served
         lone = socket.create_connection(("127.0.0.1", app.http.port))
         lone.sendall(req(7))
         await until(lambda: served(app) > before, "the lone request was never served from its plan")
+        assert app.http._express.bound_served - bound == (taught == 4)  # from the head's binding, or not
         lone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         lone.close()  # a reset: gone while its request waits for a partner
         await until(lambda: app.http._server.connection_count == connections, "the reset was never seen")
@@ -303,7 +307,7 @@ async def test_a_client_that_goes_away_while_its_request_waits_costs_nobody_else
         for index, answer in zip((5, 6), answers):
             assert np.array_equal(outputs_of(answer[2], answer[1])["OUTPUT"].reshape(4), TABLE[index])
         assert served(app) >= before + 3
-        assert (await stats(app, "gather_pair"))["inference_stats"]["success"]["count"] == 6
+        assert (await stats(app, "gather_pair"))["inference_stats"]["success"]["count"] == 2 * taught + 2
 
 
 @pytest.mark.asyncio
