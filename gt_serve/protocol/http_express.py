@@ -61,6 +61,7 @@ class HttpExpress:
         self._plans: dict[tuple, tuple[Plan, int, bool]] = {}
         self.served = 0
         self.bound_served = 0  # of those, bound requests (`serve_bound`)
+        self.joined = 0  # bound requests answered with their plan's head joined to the outputs (`bound_answer`)
 
     def _header_length(self, req: Request) -> int | None:
         """The JSON part's length when the request could be planned or served from a plan, else None."""
@@ -182,11 +183,12 @@ class HttpExpress:
     def bound_answer(self, future, call: tuple) -> bytes | None:
         """The bytes of the keep-alive answer `settle` would write for the bound request `call` (`serve_bound`'s), its
         `future` done: its plan's answer for these output shapes, joined with the outputs, when it has one, nothing is
-        compressed or in shared memory, and the outputs are as `raw_from_array` sends them; else None."""
+        in shared memory or compressed (too short to be), and the outputs are as `raw_from_array` sends them; else
+        None."""
         if future.exception() is not None:
             return None
         _, plan, request_id, _, binding = call
-        if binding.encoding is not None or plan.shm_outputs:
+        if plan.shm_outputs:
             return None
         outputs = plan.outputs(future.result())
         template = plan.answers.get(tuple([a.shape for a in outputs]))
@@ -197,9 +199,12 @@ class HttpExpress:
             kept = binding.answer = _bound_head(template, request_id, plan, outputs, binding.version)
             if kept is None:
                 return None
+        if binding.encoding is not None and kept[4] >= self._compress_min_bytes:
+            return None
         for a, dtype in zip(outputs, kept[3]):
             if a.dtype != dtype or not a.size or not a.flags.c_contiguous:
                 return None
+        self.joined += 1
         return b"".join([kept[2], *outputs])
 
     def settle_bound(self, future, call: tuple, reply: Callable[[Response], None]) -> None:
@@ -243,15 +248,15 @@ class Binding:
                  version: str) -> None:
         self.json, self.key, self.cut, self.request_id = json_part, key, cut, request_id
         self.encoding, self.what, self.version = encoding, what, version
-        self.answer: tuple | None = None  # (answer template, id, status line to JSON part, output dtypes)
+        self.answer: tuple | None = None  # (answer template, id, status line to JSON part, output dtypes, body length)
 
 
 _JOIN_MAX_BYTES = 65536  # http_server._Connection._write joins an answer up to this length, writes larger in pieces
 
 
 def _bound_head(template: tuple, request_id: str, plan: Plan, outputs: list, version: str) -> tuple | None:
-    """(template, id, the answer's bytes up to its outputs, their dtypes) for a keep-alive answer of `outputs`' sizes,
-    as `_response` and the connection's `_write` make it; None for an answer they would not join in one write."""
+    """(template, id, the answer's bytes up to its outputs, their dtypes, the body's length) for a keep-alive answer of
+    `outputs`' sizes, as `_response` and the connection's `_write` make it; None for one they would not join."""
     before, after, headers, heads = template
     json_part = with_id(before, after, request_id)
     dtypes = [numpy_dtype(t) for t in plan.datatypes]
@@ -264,4 +269,4 @@ def _bound_head(template: tuple, request_id: str, plan: Plan, outputs: list, ver
     head = heads.get(key)
     if head is None:
         head = heads[key] = response_head(200, headers, True, version, length)
-    return template, request_id, head + json_part, dtypes
+    return template, request_id, head + json_part, dtypes, length

@@ -30,21 +30,28 @@ def bound(app: App) -> int:
     return app.http._express.bound_served
 
 
+def joined(app: App) -> int:
+    return app.http._express.joined
+
+
 @pytest.mark.asyncio
 async def test_bound_requests_answer_byte_for_byte_as_the_full_path(repo):
     """Forms with no id, a fixed id (keyed with the id cut out), perf_analyzer's empty id, a subset of the outputs, and
-    compression asked for: eight requests each with new data on one connection. The first three teach the skeleton and
-    the plan, the fourth (the first served from the plan) the head, the fifth (the head's first unparsed request)
-    binds it; the last three are bound.
-    Every answer is the full path's, byte for byte, and the statistics count the same."""
-    forms = [{"outputs": BOTH}, {"outputs": BOTH, "request_id": "fixed-1"}, {"outputs": ["OUTPUT1"], "request_id": ""},
-             {"outputs": BOTH, "headers": {"Accept-Encoding": "gzip"}}]
+    compression asked for (an answer too short to be compressed, and one compressed): eight requests each with new
+    data on one connection. The first three teach the skeleton and the plan, the fourth (the first served from the
+    plan) the head, the fifth (the head's first unparsed request) binds it; the last three are bound, and answered
+    with the plan's encoded head joined to the outputs unless compressed. Every answer is the full path's, byte for
+    byte, and the statistics count the same."""
+    gzip = {"Accept-Encoding": "gzip"}
+    forms = [({"outputs": BOTH}, 1), ({"outputs": BOTH, "request_id": "fixed-1"}, 1),
+             ({"outputs": ["OUTPUT1"], "request_id": ""}, 1), ({"outputs": ["OUTPUT1", "OUTPUT0"], "headers": gzip}, 1),
+             ({"outputs": BOTH, "headers": gzip}, 8)]
     rng = np.random.default_rng(41)
     async with serving(repo) as fast, serving(repo, express=False) as full:
-        for form in forms:
+        for form, rows in forms:  # 8 rows: an answer large enough to be compressed
             conns = [await Connection.open(fast), await Connection.open(full)]
-            served0, bound0, unparsed0 = served(fast), bound(fast), unparsed(fast)
-            rows = 8 if "headers" in form else 1  # 8 rows: an answer large enough to be compressed
+            served0, bound0, unparsed0, joined0 = served(fast), bound(fast), unparsed(fast), joined(fast)
+            compressed = rows == 8
             for _ in range(8):
                 a, b = (rng.integers(-1000, 1000, (rows, 16), dtype=np.int32) for _ in range(2))
                 request = infer_bytes("/v2/models/simple/infer", {"INPUT0": ("INT32", a), "INPUT1": ("INT32", b)},
@@ -53,8 +60,8 @@ async def test_bound_requests_answer_byte_for_byte_as_the_full_path(repo):
                 assert got[0] == 200, got[2]
                 assert got[3] == want[3]  # status line, headers and body
                 body = got[2]
-                if "headers" in form:
-                    assert got[1]["content-encoding"] == "gzip"
+                assert got[1].get("content-encoding") == ("gzip" if compressed else None)
+                if compressed:
                     body = zlib.decompress(body, 31)
                     got[1]["content-length"] = str(len(body))
                 assert np.array_equal(outputs_of(body, got[1])["OUTPUT1"], a - b)
@@ -62,11 +69,14 @@ async def test_bound_requests_answer_byte_for_byte_as_the_full_path(repo):
                     n = int(got[1]["inference-header-content-length"])
                     assert orjson.loads(body[:n]).get("id", "") == form["request_id"]  # an empty id is not echoed
             assert (served(fast) - served0, unparsed(fast) - unparsed0, bound(fast) - bound0) == (5, 4, 3), form
+            assert joined(fast) - joined0 == (0 if compressed else 3), form  # answered from the plan's joined head
             for c in conns:
                 await c.close()
         got, want = await stats(fast, "simple"), await stats(full, "simple")
         assert_same_counts(got, want)
         assert got["inference_stats"]["success"]["count"] == 8 * len(forms)
+        # the joined answers' encoded heads are the full path's, kept with the template as its `_write` keeps them
+        assert joined(fast) == 3 * (len(forms) - 1)
 
 
 @pytest.mark.asyncio
