@@ -148,8 +148,11 @@ class KnownRequests:
             return call
         self._busy = True
         self._express_pending, self._express_request, self._bound_call = call[0], known.request, call
-        call[0].add_done_callback(self._bound_done)
         self._phase = PHASE_IDLE
+        if call[0].done():  # run at once (a lone row): answered now, not a turn of the loop later
+            self._bound_done(call[0])
+        else:
+            call[0].add_done_callback(self._bound_done)
         self._server.known_heads_served += 1
         return True
 
