@@ -25,12 +25,16 @@ from typing import Any, Callable, Mapping, Protocol
 from ..errors import Unavailable
 from .batch_completion import BatchCompletion
 from .batcher import Batch, Batcher, Entry
+from .inline_choice import InlineChoice
 from .launch_choice import LaunchChoice
 from .trace_context import RequestTrace
 
 log = logging.getLogger(__name__)
 _now_ns = time.monotonic_ns
 _LONE_SHAPES = 64  # shapes whose one-row run times are remembered (a model with dynamic dims has many)
+# batches of up to this many rows may run on the loop's thread (`_runs_inline`); more are launched or go to the lane,
+# where LaunchChoice times those of 8 rows or more
+INLINE_ROWS = 7
 _GAP_CAP_NS = 1_000_000  # `run_now`: the time between two requests counts up to this (a long idle, then a burst)
 
 # job_factory(runner, batch, spec, lane) -> the zero-argument job the lane runs (execution.job_factory.JobFactory)
@@ -79,10 +83,12 @@ class ModelExecutor:
         self._released = False
         self._inline_max_ns = inline_max_ns
         self._lone_ns: dict[tuple, int] = {}  # row shapes -> moving average of one-row batches' run time
+        self._rows_ns: dict[tuple, int] = {}  # (row shape, rows) -> the same for batches of 2 to INLINE_ROWS rows
         self._last_rows = 0  # the rows of the last batch run: 1 while requests come one at a time (`run_now`)
         self._asked_ns = 0  # when `run_now` was last asked, and the moving average of the time between two asks
         self._gap_ns = 0
         self._launch = LaunchChoice(always=launch == "always") if launch != "never" else None
+        self._inline_choice = InlineChoice()  # small batches of several requests: on the loop or the lane
 
     @property
     def pending(self) -> int:
@@ -98,12 +104,13 @@ class ModelExecutor:
         batch = self.batcher.take(entries)
         self.in_flight += 1
         job = self._job_factory(self._runners[lane], batch, self._spec, lane)
-        if self._inline_max_ns and self._runs_inline(batch, lane):
+        launch = self._launch
+        fits = launch is not None and not lane.on_gpu and getattr(job, "launchable", False) and launch.fits(batch)
+        if self._inline_max_ns and self._inline(batch, lane, fits and launch.launching):
             batch.inline = True
             lane.run_here(job, self._complete, batch)
             return
-        launch = self._launch
-        if launch is not None and not lane.on_gpu and getattr(job, "launchable", False) and launch.fits(batch):
+        if fits:
             batch.launch = launch.launching
             if batch.launch:
                 lane.launch(job, self._complete, batch)
@@ -132,31 +139,50 @@ class ModelExecutor:
         batch.inline = True
         self.lone_runs += 1
         result, exc, elapsed_ns = lane.run_now(self._job_factory(self._runners[lane], batch, self._spec, lane))
-        self._note_lone_run(batch, elapsed_ns)
+        self._note_run(batch, elapsed_ns)
         self._scheduler.finished(self, elapsed_ns)
         return self._completion.lone(batch, lane, result, exc)
 
+    def _inline(self, batch: Batch, lane: Any, launching: bool) -> bool:
+        """Whether the loop runs `batch` itself: a lone row by `_runs_inline`; a small batch of several rows by it
+        and by InlineChoice, which measures both ways (unless the model's batches are launched). Counts the batch."""
+        rows = batch.size
+        small = rows > 1 and not launching and self._runs_inline(batch, lane)
+        self._inline_choice.counted(rows, small)
+        return self._inline_choice.inline if small else rows == 1 and self._runs_inline(batch, lane)
+
     def _runs_inline(self, batch: Batch, lane: Any) -> bool:
-        """A one-row batch on a CPU lane, of a shape whose runs have taken less than `inline_max_ns`, with no other
-        lane of this model idle while requests wait: the loop thread runs it itself, which costs less than handing
-        it to the lane thread and its answer back (two thread wake-ups and the GIL passed back and forth, ~0.1 ms of
-        CPU and latency at one client; issue #17). What waits could not have joined it (another shape, or a model
-        that does not batch), and the lane's threads already take the cores the loop would parse on meanwhile:
-        a model without dynamic batching served 16 clients 1.25-1.4x faster this way than through its lane."""
-        if batch.size != 1 or lane.on_gpu:
+        """A batch of up to INLINE_ROWS rows on a CPU lane, whose run is expected to take less than `inline_max_ns`
+        (`_inline_ns`), with no other lane of this model idle while requests wait: the loop thread runs it itself,
+        which costs less than handing it to the lane thread and its answer back (two thread wake-ups and the GIL
+        passed back and forth, ~0.1 ms of CPU and latency at one client; mlp's batches of 2-4 rows at 4 clients
+        inline: 0.78x the server CPU over HTTP, 0.69x over gRPC, 0.74-0.75x the p50; issue #17). What waits could
+        not have joined it (another shape, more rows than the batch may hold, or a model that does not batch), and
+        the lane's threads already take the cores the loop would parse on meanwhile: a model without dynamic
+        batching served 16 clients 1.25-1.4x faster this way than through its lane."""
+        if batch.size > INLINE_ROWS or lane.on_gpu:
             return False
         if self.batcher.pending and any(not other.busy for other in self.lanes if other is not lane):
             return False  # another lane can take the next request while this one runs there
-        return self._lone_ns.get(batch.entries[0].shape_key, self._inline_max_ns) < self._inline_max_ns
+        return self._inline_ns(batch.entries[0].shape_key, batch.size) < self._inline_max_ns
+
+    def _inline_ns(self, key: tuple, rows: int) -> int:
+        """How long a batch of `rows` rows of shape `key` is expected to run: the moving average of such batches'
+        runs (`_note_run`); for several rows that have not run inline yet, one row's times half the rows, rounded
+        up (a batch of 8 mlp rows ran in ~2.6 times one row's time: a guess on the safe side). Unknown: the bound."""
+        lone_ns = self._lone_ns.get(key, self._inline_max_ns)
+        if rows == 1:
+            return lone_ns
+        return self._rows_ns.get((key, rows), lone_ns * ((rows + 1) // 2))
 
     def _complete(self, batch: Batch, lane: Any, result: Any, exc: BaseException | None, elapsed_ns: int) -> None:
         """The lane's reply, on the loop: the scheduler first (the lane's next batch starts now and computes while
         this one's answers are written), then the batch's futures."""
         self.in_flight -= 1
-        self._last_rows = batch.size
-        if self._inline_max_ns and batch.size == 1:
-            self._note_lone_run(batch, elapsed_ns)
-        elif batch.launch is not None and exc is None:
+        rows = self._last_rows = batch.size
+        if self._inline_max_ns and rows <= INLINE_ROWS and not batch.launch:
+            self._note_run(batch, elapsed_ns)
+        if batch.launch is not None and exc is None:
             self._launch.ran(batch, batch.launch, elapsed_ns)
         self._scheduler.finished(self, elapsed_ns)
         try:
@@ -168,19 +194,24 @@ class ModelExecutor:
         if self.batcher.closed is not None and not self.in_flight and not self.batcher.pending:
             self._on_drained()
 
-    def _note_lone_run(self, batch: Batch, elapsed_ns: int) -> None:
-        """The moving average of a shape's one-row run time: what an inline run took, or a lane run that was faster
-        than the average. A lane run also times the hand-off's cold caches on the other core: if it counted as much,
-        a shape near the bound would stay on the lane because it runs there (seen at one client over gRPC on a
-        busy machine: a sixth of the lone rows on the lane, 0.35 against 0.22 ms a run)."""
-        key = batch.entries[0].shape_key  # a long sequence must not inherit a short one's run time
-        seen = self._lone_ns.get(key)
+    def _note_run(self, batch: Batch, elapsed_ns: int) -> None:
+        """The moving average of a shape's run time at the batch's rows: what an inline run took, or a lane run that
+        was faster than the average. A lane run also times the hand-off's cold caches on the other core (and for
+        several rows the GIL's waits): if it counted as much, a shape near the bound would stay on the lane because
+        it runs there (seen at one client over gRPC on a busy machine: a sixth of the lone rows on the lane, 0.35
+        against 0.22 ms a run). So a lane run of several rows sets no average where none is: the guess stands."""
+        rows = batch.size
+        shape = batch.entries[0].shape_key  # a long sequence must not inherit a short one's run time
+        times, key = (self._lone_ns, shape) if rows == 1 else (self._rows_ns, (shape, rows))
+        seen = times.get(key)
         if seen is None:
-            if len(self._lone_ns) >= _LONE_SHAPES:
-                self._lone_ns.clear()
-            self._lone_ns[key] = elapsed_ns
+            if rows > 1 and not batch.inline:
+                return
+            if len(times) >= _LONE_SHAPES:
+                times.clear()
+            times[key] = elapsed_ns
         elif batch.inline or elapsed_ns < seen:
-            self._lone_ns[key] = seen + (elapsed_ns - seen) // 4
+            times[key] = seen + (elapsed_ns - seen) // 4
 
     # -- unload ---------------------------------------------------------------------------------
     async def close(self, drain_timeout_s: float) -> None:

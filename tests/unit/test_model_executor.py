@@ -237,11 +237,44 @@ def test_a_lone_row_runs_on_the_loop_thread_once_its_shape_has_run_faster_than_t
         dispatch_all(executor, lane)
         assert len(lane.ran_here) == 1
         lane.finish_next(elapsed_ns=40_000)
-        two = [executor.submit({"x": x}, 1, ((4,),)) for x in (5, 6)]  # two rows: a batch for the lane
-        dispatch_all(executor, lane)
-        assert len(lane.ran_here) == 1
-        lane.finish_next(elapsed_ns=40_000)
-        assert [await asyncio.wait_for(f, WAIT_S) for f in (other_shape, *two)] == [[6], [10], [12]]
+        assert await asyncio.wait_for(other_shape, WAIT_S) == [6]
+    asyncio.run(main())
+
+
+def test_a_small_batch_runs_on_the_loop_thread_while_its_rows_are_expected_to_run_faster_than_the_limit():
+    """Several rows: one row's time times half the rows (rounded up) until such a batch has run inline, then the
+    average of those; a lane run of several rows sets no average, it only lowers one; more than INLINE_ROWS rows
+    never run inline, nor small batches while InlineChoice has found the lane cheaper."""
+    async def main():
+        executor, lane, _, runner, _ = build(inline_max_ns=100_000, max_batch_size=16)
+
+        def batch_of(n, elapsed_ns):
+            futures = [executor.submit({"x": x}, 1, ((4,),)) for x in range(1, n + 1)]
+            dispatch_all(executor, lane)
+            inline = len(lane.ran_here)
+            lane.finish_next(elapsed_ns=elapsed_ns)
+            return inline, futures
+
+        batch_of(1, 30_000)  # the lane thread's first one-row run: 30 us
+        assert batch_of(2, 60_000)[0] == 1  # guessed 30 us: inline, and now its own average, 60 us
+        assert executor._rows_ns[(((4,),), 2)] == 60_000
+        assert batch_of(3, 50_000)[0] == 2  # guessed 2 x 30 = 60 us: inline
+        assert batch_of(4, 50_000)[0] == 3  # guessed 60 us
+        assert batch_of(7, 50_000)[0] == 3  # guessed 4 x 30 = 120 us: on the lane, which sets no average
+        assert (((4,),), 7) not in executor._rows_ns
+        assert batch_of(2, 200_000)[0] == 4  # inline; the average rises to 95 us
+        inline, futures = batch_of(2, 300_000)  # 95 < 100: inline again; now 146.25 us
+        assert inline == 5 and [await asyncio.wait_for(f, WAIT_S) for f in futures] == [[2], [4]]
+        assert batch_of(2, 500_000)[0] == 5  # on the lane, and slower: the average stays
+        assert executor._rows_ns[(((4,),), 2)] == 146_250
+        batch_of(2, 10_000)  # a faster lane run lowers it by a quarter of the difference: 112.19 us
+        assert batch_of(2, 10_000)[0] == 5 and executor._rows_ns[(((4,),), 2)] == 86_640
+        assert batch_of(2, 10_000)[0] == 6  # inline again
+        executor._lone_ns[((4,),)] = 1_000
+        assert batch_of(7, 1_000)[0] == 7 and batch_of(8, 1_000)[0] == 7  # 7 rows may, 8 never (LaunchChoice's)
+        assert runner.runs[-1] == list(range(1, 9))
+        executor._inline_choice.inline = False  # InlineChoice measured the lane cheaper for small batches
+        assert batch_of(2, 1_000)[0] == 7 and batch_of(1, 1_000)[0] == 8  # a lone row stays on the loop
     asyncio.run(main())
 
 
@@ -353,11 +386,13 @@ def test_batches_of_several_requests_are_launched_once_the_lane_has_timed_them_f
         futures = batch_of([1, 2, 3])
         assert len(lane.launched) == 1 and lane.launched[0].launch is True
         assert [await asyncio.wait_for(f, WAIT_S) for f in futures] == [[2], [4], [6]]
-        lone = batch_of([4])  # one request: never launched (inline or on the lane)
+        lone = batch_of([4])  # one request: never launched (inline or on the lane); its shape runs fast
         assert len(lane.launched) == 1
+        batch_of([7, 8])  # a small batch of a fast shape: launched, as the model's batches are, not run inline
+        assert len(lane.launched) == 2 and lane.ran_here == []
         lane.on_gpu = True
         batch_of([5, 6])  # a GPU lane's stream is its thread's
-        assert len(lane.launched) == 1
+        assert len(lane.launched) == 2
         assert await asyncio.wait_for(lone[0], WAIT_S) == [8]
     asyncio.run(main())
 
