@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import struct
 import sys
 import tempfile
 import time
