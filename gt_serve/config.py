@@ -96,9 +96,9 @@ class LanesConfig:
     # after a run). 0 by default: spinning cost ~25 % more CPU per inference at 1 client (issue #17)
     spin_us: int = 0
     # a batch of up to 7 rows whose runs take less than this (one row's runs times half the rows until such a batch
-    # has run) runs on the event loop's thread instead of the lane's (of several rows: while that measures cheaper,
-    # core/inline_choice.py; mlp at 4 clients 0.69-0.78x CPU; unless
-    # requests wait and another lane of the model is idle): no hand-off to the lane thread and back (at one client
+    # has run) runs on the event loop's thread instead of the lane's, unless requests wait and another lane of the
+    # model is idle; a batch of several rows only while that measures cheaper (core/inline_choice.py; mlp at 4
+    # clients 0.80x CPU over HTTP, 0.88x over gRPC): no hand-off to the lane thread and back (at one client
     # ~0.9x CPU and p50 per inference; a model without dynamic batching under load 0.76-0.87x CPU; issue #17). The
     # loop is busy for that long, so keep it short; 0 = every batch runs on its lane's thread. CPU lanes only.
     inline_max_us: int = 300

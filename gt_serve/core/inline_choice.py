@@ -27,9 +27,10 @@ class InlineChoice:
     """Per model version, on the loop thread: `counted(rows, small)` for every batch the model dispatches, before
     it runs; `inline` says which way the small ones go. Small batches run on the loop for `_STAY` windows, then on
     the lane for `_SETTLE + _MEASURE`; the cheaper way (by the mean CPU per row of each way's last `_MEASURE`
-    windows) runs the next `_STAY`, or twice as many as last time when it was already the chosen one, and so on. The first window after a switch is not measured: at 8 clients the
-    first window on the loop after a stretch on the lane read 0.75-0.8x the CPU per row that the loop's later
-    windows read, as the requests still came in the lane's larger batches. The clock is the whole process's CPU:
+    windows) runs the next `_STAY`, or twice as many as last time when it was already the chosen one, and so on.
+    The first window after a switch is not measured: at 8 clients the first window on the loop after a stretch on
+    the lane read 0.75-0.8x the CPU per row that the loop's later windows read, as the requests still came in the
+    lane's larger batches. The clock is the whole process's CPU:
     another model's load falls into both ways' windows alike."""
 
     __slots__ = ("inline", "_clock", "_chosen", "_costs", "_start", "_rows", "_small", "_windows", "_probing",
