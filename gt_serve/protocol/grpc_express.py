@@ -134,13 +134,17 @@ class GrpcExpress:
 
     def serve(self, data, deadline: bool, reply: Callable[[Any], None]) -> Any:
         """Submit the ModelInfer message `data` from its plan and return its future (cancel it if the call ends);
-        `reply(pieces or Abort)` comes from the batch's completion. None when it must take the full path."""
+        `reply(pieces or Abort)` comes from the batch's completion, or before this returns when the request ran at
+        once. None when it must take the full path."""
         submitted = self._submit(data, deadline)
         if submitted is None:
             return None
         future, plan, request_id, start_ns = submitted
-        future.add_done_callback(lambda f: settle(f, plan, request_id, self._dp, start_ns, self._pieces, abort_for,
-                                                  reply))
+        if future.done():  # run at once (a lone row): answered now, not a turn of the loop later
+            settle(future, plan, request_id, self._dp, start_ns, self._pieces, abort_for, reply)
+        else:
+            future.add_done_callback(lambda f: settle(f, plan, request_id, self._dp, start_ns, self._pieces,
+                                                      abort_for, reply))
         return future
 
     def serve_streamed(self, data, deadline: bool, reply: Callable[[list], None]) -> Any:

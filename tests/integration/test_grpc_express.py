@@ -173,6 +173,24 @@ async def test_calls_and_stream_messages_that_come_one_at_a_time_run_at_once(rep
 
 
 @pytest.mark.asyncio
+async def test_a_message_run_at_once_is_answered_before_serve_returns(repo):
+    """A message run at once (a lone row) is answered from `GrpcExpress.serve` itself, so that the connection writes
+    the answer as its read of the message ends, not a loop turn later; a queued one from its batch's completion."""
+    for inline_max_us, at_once in (("1000000", True), ("0", False)):
+        async with serving(repo, environ={"GT_LANES__INLINE_MAX_US": inline_max_us}) as (app, infer):
+            for index in (1, 2, 3):  # the form planned, its row's run time measured
+                want = await call(infer, gather(index))
+            app.dataplane.express_model("gather").executor._gap_ns = 10**12  # requests far apart
+            express = [m[3] for m in app.grpc.methods.values() if m[3] is not None][0]
+            replies: list = []
+            future = express.serve(gather(3), False, replies.append)
+            assert future is not None and future.done() is at_once and len(replies) == int(at_once)
+            await future
+            await asyncio.sleep(0)  # a queued message's answer: the future's done callback, ahead of this task's
+            assert len(replies) == 1 and b"".join(replies[0]) == want[3]
+
+
+@pytest.mark.asyncio
 async def test_deadlines_compression_and_tokens_take_the_full_path(repo):
     """A call with a deadline of its own, a compressed message and a wrong token are never served from a plan:
     each gets the full path's answer or status; a plain call with the token is."""

@@ -198,25 +198,35 @@ def _requests(sids_: list[int]) -> bytes:
                     for sid in sids_)
 
 
-def test_answers_of_one_loop_turn_leave_in_one_write_in_order(loop):
-    """Streams answered in the same turn of the event loop (a batch's responses) go out in one transport write
-    at the end of it, each stream's headers, data and trailers in order; a control frame answered meanwhile
+def test_answers_of_one_read_or_loop_turn_leave_in_one_write_in_order(loop):
+    """Streams answered while one chunk is read (requests run at once) go out in one transport write when
+    `data_received` returns, each stream's headers, data and trailers in order; streams answered in a later turn of
+    the event loop (a batch's responses) in one write at the end of that turn; a control frame answered meanwhile
     (a PING) is written at once, after the answers queued before it."""
     conn, transport = connect(loop)
     conn.data_received(f.PREFACE + f.frame(f.SETTINGS, 0, 0))
     transport.drain()
     writes = transport.writes
     conn.data_received(_requests([1, 3, 5, 7]))
-    assert transport.writes == writes and not transport.out  # queued, not written yet
-    loop.run_until_complete(asyncio.sleep(0))  # the end of the turn
-    assert transport.writes == writes + 1
+    assert transport.writes == writes + 1  # written as the read ends, not a loop turn later
     got = [(kind, sid) for kind, _, sid, _ in frames_of(bytes(transport.out))]
     assert got == [(kind, sid) for sid in (1, 3, 5, 7) for kind in (f.HEADERS, f.DATA, f.HEADERS)]
     assert not conn.streams
     transport.drain()
-    conn.data_received(_requests([9]) + f.frame(f.PING, 0, 0, b"12345678"))
+    block = _request_block(0)
+    conn.data_received(b"".join(f.frame(f.HEADERS, f.END_HEADERS, sid, block) for sid in (9, 11)))
+    writes = transport.writes
+    for sid in (9, 11):  # answered outside a read, as a batch's completion answers
+        conn.send(conn.streams[sid], b"\x88", (b"answer",), None)
+    assert transport.writes == writes and not transport.out  # queued, not written yet
+    loop.run_until_complete(asyncio.sleep(0))  # the end of the turn
+    assert transport.writes == writes + 1
+    assert [(kind, sid) for kind, _, sid, _ in frames_of(bytes(transport.out))] == \
+        [(f.HEADERS, 9), (f.DATA, 9), (f.HEADERS, 11), (f.DATA, 11)]
+    transport.drain()
+    conn.data_received(_requests([13]) + f.frame(f.PING, 0, 0, b"12345678"))
     kinds = [(kind, sid) for kind, _, sid, _ in frames_of(bytes(transport.out))]
-    assert kinds == [(f.HEADERS, 9), (f.DATA, 9), (f.HEADERS, 9), (f.PING, 0)]  # flushed before the PING ACK
+    assert kinds == [(f.HEADERS, 13), (f.DATA, 13), (f.HEADERS, 13), (f.PING, 0)]  # flushed before the PING ACK
     loop.run_until_complete(asyncio.sleep(0))
     assert frames_of(bytes(transport.out))[-1][0] == f.PING  # nothing left behind to send twice
     conn.connection_lost(None)

@@ -78,6 +78,7 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._outbox: list = []  # response frames of this loop turn, sent together (StreamOutput._write_soon)
         self._outbox_bytes = 0
+        self._reading = False  # in data_received: what is queued goes out when it returns, not a loop turn later
         self._preface_buf = bytearray()
         self._reader = FrameReader(self._limits.max_frame_bytes)
         self._state = _AWAIT_PREFACE
@@ -157,7 +158,13 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
             if data is None:
                 return
         self._reader.feed(data)
-        self._process()
+        self._reading = True
+        try:
+            self._process()
+        finally:
+            self._reading = False
+        if self._outbox:  # answers made while reading (a lone row run at once): written now, one system call
+            self.flush_output()
 
     def pause_writing(self) -> None:
         self._write_paused = True

@@ -77,11 +77,12 @@ class StreamOutput:
         """Queue a stream's response frames (the pieces of their bytes): everything queued in one turn of the event
         loop goes out in one transport write at the end of it (`flush_output`). The responses of a batch that
         finished together, on one connection carrying many streams (gRPC clients multiplex their calls), cost one
-        system call instead of one each."""
+        system call instead of one each. Answers made while the connection reads (`data_received`: a lone row run at
+        once) go out when the read is done, in the same turn."""
         if self._transport is None:
             return
         outbox = self._outbox
-        if not outbox:
+        if not outbox and not self._reading:  # while reading, data_received writes it when it returns
             self._loop.call_soon(self.flush_output)
         outbox += pieces
         self._outbox_bytes += size  # the pieces' bytes, or a few more: it only decides when to join them
