@@ -251,7 +251,7 @@ class App:
                            "max_message_bytes": s.max_body_bytes, "tls": listener_files(s, "grpc"),
                            "tracer": self.tracer, "reuse_port": self.link is not None}
             if s.grpc_transport == "native":
-                from .protocol.grpc_native import start_grpc_native as start_grpc
+                from .protocol.grpc_native_server import start_grpc_native as start_grpc
 
                 grpc_kwargs.update(max_connections=s.max_connections, idle_timeout_s=s.idle_timeout_s,
                                    express=s.express)

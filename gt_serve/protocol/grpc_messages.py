@@ -29,7 +29,7 @@ class GrpcStream(H2Stream):
     def __init__(self, sid: int, recv_window: int, send_window: int) -> None:
         super().__init__(sid, recv_window, send_window)
         self.method: tuple | None = None  # (handler, parse, streaming, express lane)
-        self.context: CallContext | None = None
+        self.context: tuple | None = None  # (deadline, metadata): the handler's CallContext is made of them
         self.encoding: str | None = None
         self.prefix = b""  # the 5-byte message prefix, while incomplete
         self.need = -1  # length of the message being assembled (-1: reading a prefix)

@@ -10,47 +10,27 @@ soon as their prefix announces more than `max_message_bytes`, gzip/deflate reque
 it, trailers-only errors, unary and bidirectional-streaming methods, and a graceful stop (GOAWAY, then in-flight
 calls get the grace period). What a call's header list means (method, deadline, encoding, metadata, auth) is worked
 out once per list the HPACK cache hands out (`_open`). The request messages' queue, bounded inflation, `Abort` and
-the call's context are in `grpc_messages.py`; the header and trailer blocks and `grpc-timeout` in `grpc_headers.py`.
+the call's context are in `grpc_messages.py`; the header and trailer blocks and `grpc-timeout` in `grpc_headers.py`;
+the method table, the listening socket and the stop in `grpc_native_server.py`.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
 
 import grpc
-from tritonclient.grpc import service_pb2 as pb
 
-from ..tls import TlsFiles, server_context
-from .grpc import InferenceServicer, bearer_authorized, bearer_values
 from .grpc_headers import OK_TRAILERS_BLOCK, RESPONSE_HEADERS_BLOCK, parse_timeout, status_block
 from .grpc_messages import Abort, CallContext, GrpcStream, Messages, inflate_bounded, message_pieces
-from .tracing import RequestTracer
-from .h2 import H2Connection, H2Limits
+from .h2 import H2Connection
 from .h2.frames import PREFACE, u32, unpack_u32
-from .h2.hpack_cache import quiet_hpack_logging
 
-__all__ = ["PREFACE", "NativeGrpcServer", "start_grpc_native"]
+__all__ = ["PREFACE", "GrpcConnection"]
 
 log = logging.getLogger(__name__)
 
-_SERVICE = "/inference.GRPCInferenceService/"
 _OPENED_CACHE = 64  # header lists remembered per connection (all forgotten when full)
 _NOT_METADATA = frozenset(("content-type", "te", "user-agent", "grpc-accept-encoding", "grpc-timeout", "grpc-encoding"))
-
-
-def _method_table(servicer: InferenceServicer) -> dict[str, tuple]:
-    """path -> (handler, request parser, streaming?, express lane or None) for every method of the service."""
-    table = {}
-    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    for method in service.methods:
-        request_cls = getattr(pb, method.input_type.name)
-        streaming = method.client_streaming or method.server_streaming
-        table[_SERVICE + method.name] = (getattr(servicer, method.name), request_cls.FromString, streaming, None)
-    # inference takes the messages' bytes: the servicer's request templates decode them (protocol/grpc_templates.py)
-    table[_SERVICE + "ModelInfer"] = (servicer.ModelInferBytes, bytes, False, servicer.express)
-    table[_SERVICE + "ModelStreamInfer"] = (servicer.ModelStreamInferBytes, bytes, True, servicer.express)
-    return table
 
 
 class GrpcConnection(H2Connection):
@@ -77,7 +57,7 @@ class GrpcConnection(H2Connection):
             deadline = self._loop.time() + timeout
             stream.deadline_handle = self._loop.call_at(deadline, self._deadline_passed, stream)
         stream.method = method
-        stream.context = CallContext(self._loop, deadline, metadata)
+        stream.context = (deadline, metadata)  # made a CallContext for a handler (`_context`); a plan needs neither
         if method[2]:  # streaming: the handler runs from now on and reads messages as they come
             stream.messages = Messages(self, stream)
             stream.task = self._loop.create_task(self._run_streaming(stream))
@@ -196,6 +176,23 @@ class GrpcConnection(H2Connection):
         flag, message = stream.request
         stream.request = None
         self.release(stream, len(message))
+        self._unary(stream, flag, message)
+
+    def stream_last(self, stream: GrpcStream, data) -> bool:
+        """A unary call's one message whole in its last DATA frame (the usual call): served as `stream_data` and
+        `stream_ended` serve it, without holding it in the connection's buffer budget in between."""
+        end = len(data)
+        if stream.method is None or stream.finished or stream.messages is not None or stream.requests \
+                or stream.need >= 0 or stream.prefix or end < 5 or unpack_u32(data, 1)[0] != end - 5 \
+                or end - 5 > self._limits.max_message_bytes:
+            return False
+        stream.remote_closed = True
+        stream.requests = 1
+        self._unary(stream, data[0], data[5:])
+        return True
+
+    def _unary(self, stream: GrpcStream, flag: int, message) -> None:
+        """Serve a unary call's request message: from its plan, or by the handler in a task."""
         express = stream.method[3]
         if express is not None and not flag:  # a ModelInfer that may be served from its plan (grpc_express.py)
             try:
@@ -249,7 +246,7 @@ class GrpcConnection(H2Connection):
         try:
             request = await self.parse(stream, flag, message)
             del message
-            response = await stream.method[0](request, stream.context)
+            response = await stream.method[0](request, self._context(stream))
         except asyncio.CancelledError:
             return
         except Abort as exc:
@@ -263,7 +260,7 @@ class GrpcConnection(H2Connection):
 
     async def _run_streaming(self, stream: GrpcStream) -> None:
         try:
-            async for response in stream.method[0](stream.messages, stream.context):
+            async for response in stream.method[0](stream.messages, self._context(stream)):
                 if stream.finished:
                     return
                 self._send_message(stream, message_pieces(response), last=False)
@@ -277,6 +274,9 @@ class GrpcConnection(H2Connection):
             log.exception("unexpected error in gRPC stream handler")
             return self.finish(stream, grpc.StatusCode.UNKNOWN, f"Unexpected error: {type(exc).__name__}: {exc}")
         self.finish(stream, grpc.StatusCode.OK, "")
+
+    def _context(self, stream: GrpcStream) -> CallContext:
+        return CallContext(self._loop, *stream.context)
 
     def _deadline_passed(self, stream: GrpcStream) -> None:
         stream.deadline_handle = None
@@ -325,71 +325,3 @@ class GrpcConnection(H2Connection):
         stream.chunks = []
         stream.request = None
         self._server.stream_closed()
-
-
-class NativeGrpcServer:
-    """The listening socket and its connections; `port` is the bound port."""
-
-    def __init__(self, dataplane, *, auth_token: str | None, peer_token: str | None, limits: H2Limits,
-                 tracer: RequestTracer | None = None, express: bool = True) -> None:
-        quiet_hpack_logging()
-        self.loop = asyncio.get_running_loop()
-        self.limits = limits
-        self.methods = _method_table(InferenceServicer(dataplane, tracer, express))
-        self.connections: set[GrpcConnection] = set()
-        self.closing = False
-        self._expected = bearer_values(auth_token, peer_token) if auth_token else []
-        self._server: asyncio.base_events.Server | None = None
-        self._idle: asyncio.Event | None = None
-        self.port = 0
-
-    def authorized(self, path: str, metadata: tuple) -> bool:
-        return not self._expected or bearer_authorized(path, metadata, self._expected)
-
-    def stream_closed(self) -> None:
-        if self._idle is not None and not any(c.active for c in self.connections):
-            self._idle.set()
-
-    async def start(self, host: str, port: int, ssl_context=None, reuse_port: bool = False) -> None:
-        """With `ssl_context` (ALPN h2, gt_serve/tls.py) the TLS handshake is bounded by handshake_timeout_s."""
-        handshake_s = self.limits.handshake_timeout_s if ssl_context is not None else None
-        self._server = await self.loop.create_server(lambda: GrpcConnection(self), host, port, ssl=ssl_context,
-                                                     reuse_port=reuse_port or None,
-                                                     ssl_handshake_timeout=handshake_s)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def stop(self, grace_s: float) -> None:
-        """Stop accepting calls; in-flight ones get `grace_s` seconds, then are cancelled."""
-        self.closing = True
-        if self._server is not None:
-            self._server.close()
-        self._idle = asyncio.Event()
-        for conn in list(self.connections):
-            conn.goaway()
-        if any(c.active for c in self.connections):
-            try:
-                await asyncio.wait_for(self._idle.wait(), grace_s)
-            except asyncio.TimeoutError:
-                pass
-        for conn in list(self.connections):
-            conn.abort()
-
-
-async def start_grpc_native(dataplane, host: str, port: int, *, auth_token: str | None = None,
-                            peer_token: str | None = None, max_message_bytes: int = 2**31 - 1,
-                            max_connections: int = 1024, idle_timeout_s: float = 60.0,
-                            limits: H2Limits | None = None, tls: TlsFiles | None = None,
-                            tracer: RequestTracer | None = None, express: bool = True,
-                            reuse_port: bool = False) -> NativeGrpcServer:
-    limits = limits or H2Limits()
-    limits = replace(limits, max_message_bytes=max_message_bytes, max_connections=max_connections,
-                     idle_timeout_s=idle_timeout_s, handshake_timeout_s=min(limits.handshake_timeout_s, idle_timeout_s),
-                     frame_timeout_s=min(limits.frame_timeout_s, idle_timeout_s))
-    ssl_context = server_context(tls, ("h2",)) if tls is not None else None  # gRPC clients require ALPN h2
-    server = NativeGrpcServer(dataplane, auth_token=auth_token, peer_token=peer_token, limits=limits, tracer=tracer,
-                              express=express)
-    try:
-        await server.start(host.strip("[]"), port, ssl_context, reuse_port)
-    except OSError as exc:
-        raise OSError(f"gRPC: cannot bind {host}:{port}: {exc.strerror}") from None
-    return server

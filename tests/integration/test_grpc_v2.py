@@ -667,7 +667,7 @@ class _HealthOnlyDataPlane:
 @pytest.mark.asyncio
 async def test_bearer_auth(grpc_transport):
     if grpc_transport == "native":
-        from gt_serve.protocol.grpc_native import start_grpc_native as start_grpc
+        from gt_serve.protocol.grpc_native_server import start_grpc_native as start_grpc
     else:
         from gt_serve.protocol.grpc import start_grpc
 

@@ -179,7 +179,7 @@ async def test_a_model_not_found_status_carries_its_kind_as_a_trailer(transport)
 
     from gt_serve.errors import ERROR_KIND_TRAILER, ModelNotFound
     from gt_serve.protocol.grpc import start_grpc
-    from gt_serve.protocol.grpc_native import start_grpc_native
+    from gt_serve.protocol.grpc_native_server import start_grpc_native
 
     class UnknownModels:
         async def model_metadata(self, name, version=""):

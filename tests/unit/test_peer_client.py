@@ -10,7 +10,7 @@ import pytest_asyncio
 from gt_serve.edge.peer_client import PeerClient
 from gt_serve.errors import InvalidArgument, ModelNotFound, PeerUnavailable
 from gt_serve.protocol.grpc import start_grpc
-from gt_serve.protocol.grpc_native import start_grpc_native
+from gt_serve.protocol.grpc_native_server import start_grpc_native
 from gt_serve.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 TRANSPORTS = {"grpcio": start_grpc, "native": start_grpc_native}

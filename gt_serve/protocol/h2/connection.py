@@ -4,8 +4,8 @@ It parses frames straight from the receive buffer, keeps the streams, both direc
 control, the limits of `H2Limits` (frame and header-block sizes, rate limits, buffer budget,
 timeouts, back-pressure) and answers every violation as the RFC asks: a connection error sends
 GOAWAY with its code and closes, a stream error sends RST_STREAM. The layer above subclasses it
-and implements four hooks (`new_stream`, `stream_opened`, `stream_data`, `stream_ended`,
-`stream_closed`); it sends with `send` and accounts what it buffers with `hold` / `release`.
+and implements the hooks (`new_stream`, `stream_opened`, `stream_data`, `stream_ended`,
+`stream_closed`; `stream_last` if it can take a stream's last DATA whole); it sends with `send` and accounts what it buffers with `hold` / `release`.
 The control-frame handlers are mixed in from `control.py`, the sending half from `output.py`.
 """
 from __future__ import annotations
@@ -27,7 +27,6 @@ from .frames import (
     INTERNAL_ERROR,
     NO_ERROR,
     PADDED,
-    PREFACE,
     PRIORITY_FLAG,
     PROTOCOL_ERROR,
     REFUSED_STREAM,
@@ -48,7 +47,7 @@ from .frames import (
 from .hpack_cache import HeaderDecoder
 from .limits import H2Limits
 from .output import StreamOutput
-from .reader import FrameReader
+from .reader import FrameReader, after_preface
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +115,11 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
     def stream_ended(self, stream: H2Stream) -> None:
         raise NotImplementedError
 
+    def stream_last(self, stream: H2Stream, data) -> bool:
+        """The stream's last DATA (END_STREAM), before `stream_data`: True when the layer above took it whole and
+        ended the stream itself (`remote_closed` set, as `stream_ended` would see it), False for the usual way."""
+        return False
+
     def stream_closed(self, stream: H2Stream, reset: bool) -> None:
         raise NotImplementedError
 
@@ -154,9 +158,13 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
             return
         self._last_read_s = self._loop.time()
         if self._state == _AWAIT_PREFACE:
-            data = self._preface(data)
+            try:
+                data = after_preface(self._preface_buf, data)
+            except H2ConnectionError as exc:
+                return self._connection_error(exc.code, exc.message)
             if data is None:
                 return
+            self._state = _AWAIT_SETTINGS
         self._reader.feed(data)
         self._reading = True
         try:
@@ -182,22 +190,6 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
             self._flush_blocked()
 
     # ---- reading ----
-    def _preface(self, data: bytes) -> bytes | None:
-        """What follows the connection preface in `data`, or None while the preface is incomplete (or wrong)."""
-        buf = self._preface_buf
-        buf += data
-        if len(buf) < len(PREFACE):
-            if not PREFACE.startswith(bytes(buf)):
-                self._connection_error(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-            return None
-        if bytes(buf[:len(PREFACE)]) != PREFACE:
-            self._connection_error(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-            return None
-        self._state = _AWAIT_SETTINGS
-        rest = bytes(buf[len(PREFACE):])
-        buf.clear()
-        return rest
-
     def _process(self) -> None:
         next_frame = self._reader.next_frame
         on = self._on
@@ -257,6 +249,8 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
         end = flags & END_STREAM
         if payload:
             if not stream.done:
+                if end and self.stream_last(stream, payload):  # a unary call's message whole: nothing held
+                    return
                 self.stream_data(stream, payload)
         elif not end:
             self._control.frame(self._loop.time())

@@ -175,7 +175,8 @@ class ControlHandlers:
         stream.send_window += increment
         if stream.send_window > MAX_WINDOW:
             raise H2StreamError(FLOW_CONTROL_ERROR, "stream window overflow")
-        self._flush_stream(stream)
+        if stream.pending:  # (a stream with nothing to send is not blocked: grpc-core credits every new stream)
+            self._flush_stream(stream)
 
     def reset_stream(self, sid: int, code: int) -> None:
         """RST_STREAM `code` on `sid`; the stream (if open) is dropped."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from collections import deque
 
-from .frames import DATA, FRAME_SIZE_ERROR, HEADER_BYTES, H2ConnectionError
+from .frames import DATA, FRAME_SIZE_ERROR, HEADER_BYTES, PREFACE, PROTOCOL_ERROR, H2ConnectionError
 
 VIEW_MIN_BYTES = 16384
 _HEAD = struct.Struct(">BHBBI").unpack_from  # length (high byte, low 16 bits), type, flags, R + stream id
@@ -110,3 +110,18 @@ class FrameReader:
 
 def _oversized(length: int, limit: int) -> H2ConnectionError:
     return H2ConnectionError(FRAME_SIZE_ERROR, f"frame of {length} bytes (max {limit})")
+
+
+def after_preface(buf: bytearray, data: bytes) -> bytes | None:
+    """What follows the client's connection preface once `data` is added to what came of it before (`buf`, cleared
+    when it is complete), or None while it is incomplete; H2ConnectionError when it is not the preface."""
+    buf += data
+    if len(buf) < len(PREFACE):
+        if not PREFACE.startswith(bytes(buf)):
+            raise H2ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+        return None
+    if bytes(buf[:len(PREFACE)]) != PREFACE:
+        raise H2ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+    rest = bytes(buf[len(PREFACE):])
+    buf.clear()
+    return rest
