@@ -24,7 +24,7 @@ import grpc
 
 from ..errors import GtServeError
 from ..types import InferRequest, InferResponse
-from .codec import raw_from_array
+from .codec import numpy_dtype, raw_from_array
 from .express_plans import Plan, now_ns, plannable, settle
 from .grpc_messages import Abort
 from .grpc_stream import stream_answer, stream_error
@@ -53,7 +53,7 @@ class _Layout:
 
     def __init__(self, plan: Plan, data, head_end: int, id_field: tuple | None, entries: tuple) -> None:
         self.plan = plan
-        self.entries = entries  # (where an input's entry header lies, its bytes), in input order
+        self.entries = entries  # (where an input's entry header starts and ends, its bytes), in input order
         if id_field is None or not plain_id(bytes(data[id_field[1]:id_field[2]])):
             self.head = bytes(data[:head_end])  # the message's fields 1-6
             self.id_at = self.id_end = -1
@@ -101,7 +101,7 @@ class GrpcExpress:
             header = _RAW_INPUT_CONTENTS_TAG + varint(size)
             if start - at != len(header) or bytes(data[at:start]) != header:
                 return
-            entries.append((at, header))
+            entries.append((at, start, header))
             at = start + size
         if at != len(data):
             return
@@ -123,7 +123,12 @@ class GrpcExpress:
         """The layout of the message `data` and its id, or None."""
         for layout in self._plans.get(len(data), ()):
             head = layout.head
-            if data[:len(head)] == head and all(data[at:at + len(h)] == h for at, h in layout.entries):
+            if data[:len(head)] != head:
+                continue
+            for at, end, header in layout.entries:
+                if data[at:end] != header:
+                    break
+            else:
                 end = layout.id_end
                 if end >= 0 and data[end:end + len(layout.rest)] != layout.rest:
                     continue
@@ -193,14 +198,30 @@ class GrpcExpress:
             pieces = self._answers.encode_parts(response)
             template = self._answers.template(response)
             if template is not None:
-                plan.keep_answer(shapes, template)
+                plan.keep_answer(shapes, (*template, _output_heads(outputs, plan.datatypes)))
             return pieces
-        before, after = known
+        before, after, heads = known
         pieces = [with_id(before, after, request_id)]
-        for a, datatype in zip(outputs, plan.datatypes):
-            raw = raw_from_array(a, datatype)
-            pieces += (_RAW_OUTPUT_CONTENTS_TAG, varint(len(raw)), raw)
+        for a, datatype, (dtype, head) in zip(outputs, plan.datatypes, heads):
+            if head is not None and a.dtype == dtype and a.flags.c_contiguous:  # as raw_from_array sends it
+                pieces += (head, memoryview(a).cast("B"))
+            else:
+                raw = raw_from_array(a, datatype)
+                pieces += (_RAW_OUTPUT_CONTENTS_TAG, varint(len(raw)), raw)
         return pieces
+
+
+def _output_heads(outputs: list, datatypes: tuple) -> tuple:
+    """Per output of an answer's shapes: (its numpy dtype, its raw_output_contents entry's tag and length), the bytes
+    before an array of that dtype sent as it is; (None, None) where raw_from_array must encode it (BYTES, empty)."""
+    heads = []
+    for a, datatype in zip(outputs, datatypes):
+        if datatype == "BYTES" or not a.size:
+            heads.append((None, None))
+            continue
+        dtype = numpy_dtype(datatype)
+        heads.append((dtype, _RAW_OUTPUT_CONTENTS_TAG + varint(a.size * dtype.itemsize)))
+    return tuple(heads)
 
 
 def stream_failed(exc: BaseException, data) -> bytes:
