@@ -76,6 +76,12 @@ class Batcher:
         self._loop = loop
         self._wake = wake  # StreamScheduler.notify: a batch may be ready
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop its futures belong to: the one it was given, else the running one (asyncio's
+        get_running_loop makes a getpid system call each time)."""
+        return self._loop or asyncio.get_running_loop()
+
     # -- submit (hot path) ----------------------------------------------------------------------
     def submit(self, feeds: dict, batch_size: int, shape_key: tuple, priority: int = 0,
                deadline_s: float | None = None, context: Any = None) -> asyncio.Future:

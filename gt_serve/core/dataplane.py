@@ -40,7 +40,6 @@ The front ends' express lanes (protocol/express_plans.py), sync, for a request o
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -228,12 +227,12 @@ class DataPlane:
         try:
             outputs = model.executor.run_now(feeds, shape_key)
         except GtServeError as exc:
-            future = asyncio.get_running_loop().create_future()
+            future = model.executor.batcher.loop.create_future()
             future.set_exception(exc)
             return future
         if outputs is None:
             return None
-        future = asyncio.get_running_loop().create_future()
+        future = model.executor.batcher.loop.create_future()
         future.set_result(outputs)
         return future
 
