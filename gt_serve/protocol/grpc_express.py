@@ -146,7 +146,10 @@ class GrpcExpress:
             return None
         future, plan, request_id, start_ns = submitted
         if future.done():  # run at once (a lone row): answered now, not a turn of the loop later
-            settle(future, plan, request_id, self._dp, start_ns, self._pieces, abort_for, reply)
+            try:
+                settle(future, plan, request_id, self._dp, start_ns, self._pieces, abort_for, reply)
+            except Exception:  # noqa: BLE001 - as from a done callback: logged; the request ran, so it is not run again
+                log.exception("answering an express request failed")
         else:
             future.add_done_callback(lambda f: settle(f, plan, request_id, self._dp, start_ns, self._pieces,
                                                       abort_for, reply))

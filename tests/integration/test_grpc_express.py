@@ -188,6 +188,13 @@ async def test_a_message_run_at_once_is_answered_before_serve_returns(repo):
             await future
             await asyncio.sleep(0)  # a queued message's answer: the future's done callback, ahead of this task's
             assert len(replies) == 1 and b"".join(replies[0]) == want[3]
+            if at_once:  # an answer that fails is logged, as from a done callback: the request is not run again
+                executor = app.dataplane.express_model("gather").executor
+                before = executor.lone_runs
+
+                def broken(pieces) -> None:
+                    raise RuntimeError("the connection's answer failed")
+                assert express.serve(gather(3), False, broken) is not None and executor.lone_runs == before + 1
 
 
 @pytest.mark.asyncio
