@@ -89,7 +89,7 @@ class Batcher:
             raise Unavailable(self.closed)
         if self.policy.max_queue_size and self.pending >= self.policy.max_queue_size:
             raise QueueFull(f"model '{self.name}': queue is full ({self.policy.max_queue_size} requests); retry later")
-        loop = self._loop or asyncio.get_running_loop()
+        loop = self.loop
         future = loop.create_future()
         entry = Entry(feeds, batch_size, shape_key, future, context)
         level = priority if 1 <= priority <= self.levels else self.default_priority

@@ -98,8 +98,7 @@ class GrpcConnection(H2Connection):
         if stream.finished or stream.method is None:
             return
         end = len(data)
-        if stream.need < 0 and not stream.prefix and end >= 5 and unpack_u32(data, 1)[0] == end - 5 \
-                and end - 5 <= self._limits.max_message_bytes:  # one whole message, as a unary call sends it
+        if self._one_message(stream, data):  # as a unary call sends it
             stream.flag = data[0]
             self.hold(stream, end - 5)
             return self._message(stream, data[5:])
@@ -127,6 +126,12 @@ class GrpcConnection(H2Connection):
                 message = b"".join(stream.chunks)
                 stream.chunks = []
                 self._message(stream, message)
+
+    def _one_message(self, stream: GrpcStream, data) -> bool:
+        """Whether `data` is one whole message, its length prefix first, with none being assembled before it."""
+        end = len(data)
+        return stream.need < 0 and not stream.prefix and end >= 5 and unpack_u32(data, 1)[0] == end - 5 \
+            and end - 5 <= self._limits.max_message_bytes
 
     def _read_prefix(self, stream: GrpcStream, data: bytes, pos: int) -> int:
         take = 5 - len(stream.prefix)
@@ -181,10 +186,8 @@ class GrpcConnection(H2Connection):
     def stream_last(self, stream: GrpcStream, data) -> bool:
         """A unary call's one message whole in its last DATA frame (the usual call): served as `stream_data` and
         `stream_ended` serve it, without holding it in the connection's buffer budget in between."""
-        end = len(data)
         if stream.method is None or stream.finished or stream.messages is not None or stream.requests \
-                or stream.need >= 0 or stream.prefix or end < 5 or unpack_u32(data, 1)[0] != end - 5 \
-                or end - 5 > self._limits.max_message_bytes:
+                or not self._one_message(stream, data):
             return False
         stream.remote_closed = True
         stream.requests = 1

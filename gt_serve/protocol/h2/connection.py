@@ -5,7 +5,8 @@ control, the limits of `H2Limits` (frame and header-block sizes, rate limits, bu
 timeouts, back-pressure) and answers every violation as the RFC asks: a connection error sends
 GOAWAY with its code and closes, a stream error sends RST_STREAM. The layer above subclasses it
 and implements the hooks (`new_stream`, `stream_opened`, `stream_data`, `stream_ended`,
-`stream_closed`; `stream_last` if it can take a stream's last DATA whole); it sends with `send` and accounts what it buffers with `hold` / `release`.
+`stream_closed`; `stream_last` if it can take a stream's last DATA whole); it sends with `send`
+and accounts what it buffers with `hold` / `release`.
 The control-frame handlers are mixed in from `control.py`, the sending half from `output.py`.
 """
 from __future__ import annotations
