@@ -1,8 +1,10 @@
 """Pure batch formation: a function of the queue snapshot, the clock and the lanes' state.
 
 Work-conserving: when a lane is idle, dispatch at once (up to max_batch_size) instead of waiting
-out the delay; wait only while every lane is busy, or while a preferred size is within reach and
-the oldest request's delay budget is not spent.
+out the delay; wait only while every lane is busy, or, within the oldest request's delay budget,
+while a preferred size is within reach or the clients of requests just answered are expected back
+(`returning`: closed-loop clients send their next request a few tens of microseconds after their
+answer; a batch formed without them would run a lone row first and the rest after it).
 """
 from __future__ import annotations
 
@@ -32,11 +34,11 @@ def form_batch(
     now_s: float,
     idle_lanes: int,
     cfg: BatchConfig,
+    returning: int = 0,
 ) -> BatchDecision:
-    """Decide how many of the queued requests (their batch sizes in queue order) to dispatch now.
-
-    A request larger than max_batch_size never reaches the queue (rejected at submit).
-    """
+    """Decide how many of the queued requests (their batch sizes in queue order) to dispatch now. `returning`: how
+    many clients answered just before the first of these came are expected back. A request larger than
+    max_batch_size never reaches the queue (rejected at submit)."""
     if not pending_sizes or idle_lanes <= 0:
         return WAIT_FOR_EVENT
     if cfg.max_batch_size <= 0:
@@ -59,6 +61,8 @@ def form_batch(
     waited_s = now_s - oldest_arrival_s
     if cfg.max_queue_delay_s <= 0.0 or waited_s >= cfg.max_queue_delay_s:
         return BatchDecision(take, 0.0)
+    if returning > 0:  # they join this batch, rather than wait for it to run
+        return BatchDecision(0, cfg.max_queue_delay_s - waited_s)
     # a lane is idle: work-conserving unless a preferred size is near (strictly larger, within reach)
     if preferred and any(p > total for p in preferred) and _near_preferred(total, preferred):
         return BatchDecision(0, cfg.max_queue_delay_s - waited_s)

@@ -75,6 +75,11 @@ class Batcher:
         self.closed: str | None = None  # why submissions are refused (the model is unloading)
         self._loop = loop
         self._wake = wake  # StreamScheduler.notify: a batch may be ready
+        # requests answered whose clients have not sent another yet, expected for the model's queue delay: a batch
+        # whose first request came in that time waits for them while a lane is idle (`decide`), within its delay
+        self.returning = 0
+        self._returning_until_ns = 0
+        self._return_window_ns = int(batch_cfg.max_queue_delay_s * 1e9) if batch_cfg.max_batch_size > 0 else 0
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -95,6 +100,8 @@ class Batcher:
         level = priority if 1 <= priority <= self.levels else self.default_priority
         self._queues[level - 1].append(entry)
         self.pending += 1
+        if self.returning:
+            self.returning -= 1
         timeout_s = self.policy.default_timeout_s
         if deadline_s is not None and (self.policy.allow_timeout_override or not timeout_s):
             entry.timer = loop.call_at(loop.time() + max(0.0, deadline_s - time.monotonic()), self._expire, entry)
@@ -102,6 +109,13 @@ class Batcher:
             entry.timer = loop.call_later(timeout_s, self._expire, entry)
         self._wake()
         return future
+
+    def answered(self, requests: int, now_ns: int) -> None:
+        """`requests` were answered (or are about to be): their clients may send their next ones soon (0: none is
+        waited for). Set, not added: a client that went away is expected for one window at most."""
+        if self._return_window_ns:
+            self.returning = min(requests, self.cfg.max_batch_size)
+            self._returning_until_ns = now_ns + self._return_window_ns
 
     def close(self, reason: str) -> None:
         """Refuse new requests with Unavailable(reason); what is queued stays (drained or failed)."""
@@ -144,8 +158,11 @@ class Batcher:
         if not head:
             self.pending = sum(len(q) for q in self._queues)
             return BatchDecision(0, float("inf")), head
-        oldest_s = min(e.arrival_ns for e in head) / 1e9
-        decision = form_batch([e.batch_size for e in head], oldest_s, now_ns / 1e9, idle_lanes, self.cfg)
+        oldest_ns = min(e.arrival_ns for e in head)
+        # the first of them came back in time: the others are waited for within its queue delay
+        returning = self.returning if oldest_ns < self._returning_until_ns else 0
+        decision = form_batch([e.batch_size for e in head], oldest_ns / 1e9, now_ns / 1e9, idle_lanes, self.cfg,
+                              returning)
         return decision, head
 
     def take(self, entries: list[Entry]) -> Batch:

@@ -184,6 +184,7 @@ class ModelExecutor:
             self._note_run(batch, elapsed_ns)
         if batch.launch is not None and exc is None:
             self._launch.ran(batch, batch.launch, elapsed_ns)
+        self._answered(batch)
         self._scheduler.finished(self, elapsed_ns)
         try:
             self._completion.resolve(batch, lane, result, exc)
@@ -193,6 +194,16 @@ class ModelExecutor:
             _note_traces(batch, lane)
         if self.batcher.closed is not None and not self.in_flight and not self.batcher.pending:
             self._on_drained()
+
+    def _answered(self, batch: Batch) -> None:
+        """Before the next batch is formed: whether it waits for the clients of this one's requests. Only while these
+        and the queued ones together make a small batch (INLINE_ROWS requests): a few closed-loop clients then send
+        their next requests together, a little apart, and a batch of all of them costs less than a lone row run
+        ahead of the rest (mlp over gRPC: 0.87x the server CPU at 2 clients, 0.92x at 4, 0.91x at 8; HTTP 4 0.96x).
+        Many clients keep the lane busy: theirs come back while it computes, and waiting for them would leave it
+        idle (expecting every batch's clients back: 1.28x the CPU at 64 gRPC clients)."""
+        requests = len(batch.entries)
+        self.batcher.answered(requests if requests + self.batcher.pending <= INLINE_ROWS else 0, _now_ns())
 
     def _note_run(self, batch: Batch, elapsed_ns: int) -> None:
         """The moving average of a shape's run time at the batch's rows: what an inline run took, or a lane run that

@@ -1,5 +1,7 @@
 import math
 
+import pytest
+
 from gt_serve.core.batch_policy import BatchConfig, form_batch
 
 
@@ -42,3 +44,16 @@ def test_preferred_size_reached_dispatches():
 def test_non_batching_model_takes_one():
     d = form_batch([1, 1, 1], 0.0, 0.0, 2, cfg(mbs=0))
     assert d.take == 1
+
+
+def test_an_idle_lane_waits_within_the_delay_for_answered_clients_expected_back():
+    d = form_batch([1], 10.0, 10.0001, 1, cfg(mbs=8, delay_s=0.0005), returning=3)
+    assert d.take == 0 and d.wait_s == pytest.approx(0.0004)
+    d = form_batch([1, 1], 10.0, 10.0006, 1, cfg(mbs=8, delay_s=0.0005), returning=2)
+    assert d.take == 2  # the delay is spent: what came is taken
+    d = form_batch([1] * 8, 10.0, 10.0, 1, cfg(mbs=8, delay_s=0.0005), returning=3)
+    assert d.take == 8  # full
+    d = form_batch([1, 1], 10.0, 10.0, 1, cfg(mbs=8, preferred=(2,), delay_s=0.0005), returning=3)
+    assert d.take == 2  # a preferred size
+    assert form_batch([1], 10.0, 10.0, 1, cfg(mbs=8, delay_s=0.0), returning=3).take == 1  # no delay: no wait
+    assert form_batch([1], 10.0, 10.0, 1, cfg(mbs=8, delay_s=0.0005), returning=0).take == 1

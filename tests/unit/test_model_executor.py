@@ -117,10 +117,11 @@ class Runner:
         self.closed += 1
 
 
-def build(energy=None, inline_max_ns=0, extra_lanes=(), max_batch_size=8, launch="never", launchable=True):
+def build(energy=None, inline_max_ns=0, extra_lanes=(), max_batch_size=8, launch="never", launchable=True,
+          delay_s=0.0):
     lane, sched, runner = FakeLane(), RecordingScheduler(), Runner(launchable)
     stats = ModelStats("m", "1")
-    batcher = Batcher("m", BatchConfig(max_batch_size, (), 0.0), QueuePolicy(), wake=sched.notify)
+    batcher = Batcher("m", BatchConfig(max_batch_size, (), delay_s), QueuePolicy(), wake=sched.notify)
     runners = {lane: runner, **{extra: runner for extra in extra_lanes}}
     executor = ModelExecutor(batcher, runners, runner.job, BatchCompletion("m", stats, energy), sched, SPEC,
                              version="1", inline_max_ns=inline_max_ns, launch=launch)
@@ -491,4 +492,39 @@ def test_a_failed_lone_run_raises_the_error_its_future_would_get_and_counts_no_s
         assert stats.inference_count == served and not lane.busy
         far_apart(executor)
         assert executor.run_now({"x": 5}, ((4,),)) == [10]  # the next one runs
+    asyncio.run(main())
+
+
+def test_the_clients_of_a_small_batch_are_expected_back_and_those_of_a_large_one_or_with_a_queue_are_not():
+    async def main():
+        executor, lane, sched, runner, stats = build(max_batch_size=16, delay_s=0.01)
+        batcher = executor.batcher
+
+        def run_batch(n, queued_after=0):
+            futures = [executor.submit({"x": x}, 1, ()) for x in range(1, n + 1)]
+            dispatch_all(executor, lane)
+            later = [executor.submit({"x": x}, 1, ()) for x in range(queued_after)]
+            lane.finish_next()
+            return futures + later
+
+        run_batch(3)
+        assert batcher.returning == 3  # 3 requests, nothing queued: a few closed-loop clients
+        executor.submit({"x": 9}, 1, ())
+        assert batcher.returning == 2  # one came back: it waits for the other two
+        decision, _ = batcher.decide(time.monotonic_ns(), 1)
+        assert decision.take == 0 and 0 < decision.wait_s <= 0.01
+        executor.submit({"x": 8}, 1, ())
+        executor.submit({"x": 7}, 1, ())
+        dispatch_all(executor, lane)  # all three back: one batch
+        lane.finish_next()
+        assert runner.runs[-1] == [9, 8, 7] and batcher.returning == 3
+        run_batch(8)
+        assert batcher.returning == 0  # more than INLINE_ROWS: they come back while the lane computes
+        run_batch(3, queued_after=5)
+        assert batcher.returning == 0  # 3 answered and 5 queued: many clients
+        idle = build(max_batch_size=16)[0]  # no queue delay: nothing is ever waited for
+        idle.submit({"x": 1}, 1, ())
+        dispatch_all(idle, idle.lanes[0])
+        idle.lanes[0].finish_next()
+        assert idle.batcher.returning == 0
     asyncio.run(main())

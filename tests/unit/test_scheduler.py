@@ -234,3 +234,65 @@ def test_lone_lane_is_the_idle_lane_a_pump_would_give_a_lone_request_now():
         for lane in lanes:
             lane.stop()
     run(main())
+
+
+def test_answered_clients_that_come_back_one_by_one_form_one_batch():
+    """Closed-loop clients: the three answered together send their next requests a little apart. While they are
+    expected back (within the queue delay), the first waits for the others on an idle lane instead of running alone
+    ahead of them."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes, sched = setup(loop)
+        gate = Gate()
+        b = make_batcher(sched, lanes, gate, "m", mbs=8, delay_s=30.0)
+        first = [submit(b, i) for i in range(3)]
+        await wait_started(gate)
+        gate.release()
+        assert await asyncio.wait_for(asyncio.gather(*first), 10) == [[0], [1], [2]]
+        again = []
+        for tag in (3, 4, 5):
+            again.append(submit(b, tag))
+            await asyncio.sleep(0)  # one turn: the pump decides on what has come
+            assert b.pending == len(again) % 3  # waiting for the others, then all three taken
+        await wait_started(gate)
+        gate.release()
+        assert await asyncio.wait_for(asyncio.gather(*again), 10) == [[3], [4], [5]]
+        assert gate.ran == [("m", [0, 1, 2]), ("m", [3, 4, 5])]
+        for lane in lanes:
+            lane.stop()
+    run(main())
+
+
+def test_a_client_that_does_not_come_back_is_waited_for_once_within_the_delay():
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes, sched = setup(loop)
+        gate = Gate()
+        b = make_batcher(sched, lanes, gate, "m", mbs=8, delay_s=0.5)
+        first = [submit(b, i) for i in range(2)]
+        await wait_started(gate)
+        gate.release()
+        await asyncio.wait_for(asyncio.gather(*first), 10)
+        lone = submit(b, 2)  # the other client went away
+        await asyncio.sleep(0)
+        assert b.pending == 1  # expected back: waited for, up to the delay
+        await wait_started(gate)
+        gate.release()
+        assert await asyncio.wait_for(lone, 10) == [2]
+        after = submit(b, 3)  # one answered, one back: nobody else is expected
+        await asyncio.sleep(0)
+        assert b.pending == 0
+        await wait_started(gate)
+        gate.release()
+        assert await asyncio.wait_for(after, 10) == [3]
+        assert gate.ran == [("m", [0, 1]), ("m", [2]), ("m", [3])]
+        b.batcher.answered(2, time.monotonic_ns() - 10**9)  # answered longer ago than the delay: not expected now
+        late = submit(b, 4)
+        await asyncio.sleep(0)
+        assert b.pending == 0
+        await wait_started(gate)
+        gate.release()
+        assert await asyncio.wait_for(late, 10) == [4]
+        for lane in lanes:
+            lane.stop()
+    run(main())
