@@ -75,11 +75,12 @@ class Batcher:
         self.closed: str | None = None  # why submissions are refused (the model is unloading)
         self._loop = loop
         self._wake = wake  # StreamScheduler.notify: a batch may be ready
-        # requests answered whose clients have not sent another yet, expected for the model's queue delay: a batch
-        # whose first request came in that time waits for them while a lane is idle (`decide`), within its delay
+        # requests answered whose clients have not sent another yet, expected for the model's queue delay
+        # (`return_window_ns`): a batch whose first request came, or waited, in that time waits for them while a lane
+        # is idle (`decide`), within the delay from the answer
         self.returning = 0
         self._returning_until_ns = 0
-        self._return_window_ns = int(batch_cfg.max_queue_delay_s * 1e9) if batch_cfg.max_batch_size > 0 else 0
+        self.return_window_ns = int(batch_cfg.max_queue_delay_s * 1e9) if batch_cfg.max_batch_size > 0 else 0
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -113,9 +114,9 @@ class Batcher:
     def answered(self, requests: int, now_ns: int) -> None:
         """`requests` were answered (or are about to be): their clients may send their next ones soon (0: none is
         waited for). Set, not added: a client that went away is expected for one window at most."""
-        if self._return_window_ns:
+        if self.return_window_ns:
             self.returning = min(requests, self.cfg.max_batch_size)
-            self._returning_until_ns = now_ns + self._return_window_ns
+            self._returning_until_ns = now_ns + self.return_window_ns
 
     def close(self, reason: str) -> None:
         """Refuse new requests with Unavailable(reason); what is queued stays (drained or failed)."""
@@ -159,10 +160,11 @@ class Batcher:
             self.pending = sum(len(q) for q in self._queues)
             return BatchDecision(0, float("inf")), head
         oldest_ns = min(e.arrival_ns for e in head)
-        # the first of them came back in time: the others are waited for within its queue delay
-        returning = self.returning if oldest_ns < self._returning_until_ns else 0
+        # the first of them came (or waited) before the answered clients' window ended: the others are waited for
+        until_ns = self._returning_until_ns
+        returning = self.returning if oldest_ns < until_ns else 0
         decision = form_batch([e.batch_size for e in head], oldest_ns / 1e9, now_ns / 1e9, idle_lanes, self.cfg,
-                              returning)
+                              returning, (until_ns - self.return_window_ns) / 1e9)
         return decision, head
 
     def take(self, entries: list[Entry]) -> Batch:

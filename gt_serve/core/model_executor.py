@@ -35,6 +35,9 @@ _LONE_SHAPES = 64  # shapes whose one-row run times are remembered (a model with
 # batches of up to this many rows may run on the loop's thread (`_runs_inline`); more are launched or go to the lane,
 # where LaunchChoice times those of 8 rows or more
 INLINE_ROWS = 7
+# `_answered`: a batch whose run took at least this many queue delays expects its clients back whatever the count: a
+# lane held idle for one delay then loses at most an eighth of a run
+_LONG_RUN_DELAYS = 8
 _GAP_CAP_NS = 1_000_000  # `run_now`: the time between two requests counts up to this (a long idle, then a burst)
 
 # job_factory(runner, batch, spec, lane) -> the zero-argument job the lane runs (execution.job_factory.JobFactory)
@@ -184,7 +187,7 @@ class ModelExecutor:
             self._note_run(batch, elapsed_ns)
         if batch.launch is not None and exc is None:
             self._launch.ran(batch, batch.launch, elapsed_ns)
-        self._answered(batch)
+        self._answered(batch, elapsed_ns)
         self._scheduler.finished(self, elapsed_ns)
         try:
             self._completion.resolve(batch, lane, result, exc)
@@ -195,15 +198,20 @@ class ModelExecutor:
         if self.batcher.closed is not None and not self.in_flight and not self.batcher.pending:
             self._on_drained()
 
-    def _answered(self, batch: Batch) -> None:
-        """Before the next batch is formed: whether it waits for the clients of this one's requests. Only while these
-        and the queued ones together make a small batch (INLINE_ROWS requests): a few closed-loop clients then send
-        their next requests together, a little apart, and a batch of all of them costs less than a lone row run
-        ahead of the rest (mlp over gRPC: 0.87x the server CPU at 2 clients, 0.92x at 4, 0.91x at 8; HTTP 4 0.96x).
-        Many clients keep the lane busy: theirs come back while it computes, and waiting for them would leave it
-        idle (expecting every batch's clients back: 1.28x the CPU at 64 gRPC clients)."""
+    def _answered(self, batch: Batch, elapsed_ns: int) -> None:
+        """Before the next batch is formed: whether it waits for the clients of this one's requests. While these and
+        the queued ones together make a small batch (INLINE_ROWS requests): a few closed-loop clients then send their
+        next requests together, a little apart, and a batch of all of them costs less than a lone row run ahead of
+        the rest (mlp over gRPC: 0.87x the server CPU at 2 clients, 0.92x at 4, 0.91x at 8; HTTP 4 0.96x). Or when
+        the batch's run took `_LONG_RUN_DELAYS` queue delays or more: a compute-bound model's larger batch saves more
+        than the lane's wait costs (convnet: 8 rows run in 0.67x the time of two batches of 4; 0.85x the CPU at 8
+        HTTP clients, 0.91x at 16 gRPC clients). Otherwise many clients keep the lane busy: theirs come back while it
+        computes, and waiting for them would leave it idle (expecting every batch's clients back: 1.28x the CPU at 64
+        gRPC clients, mlp)."""
         requests = len(batch.entries)
-        self.batcher.answered(requests if requests + self.batcher.pending <= INLINE_ROWS else 0, _now_ns())
+        batcher = self.batcher
+        expect = requests + batcher.pending <= INLINE_ROWS or elapsed_ns >= _LONG_RUN_DELAYS * batcher.return_window_ns
+        batcher.answered(requests if expect else 0, _now_ns())
 
     def _note_run(self, batch: Batch, elapsed_ns: int) -> None:
         """The moving average of a shape's run time at the batch's rows: what an inline run took, or a lane run that

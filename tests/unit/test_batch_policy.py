@@ -57,3 +57,16 @@ def test_an_idle_lane_waits_within_the_delay_for_answered_clients_expected_back(
     assert d.take == 2  # a preferred size
     assert form_batch([1], 10.0, 10.0, 1, cfg(mbs=8, delay_s=0.0), returning=3).take == 1  # no delay: no wait
     assert form_batch([1], 10.0, 10.0, 1, cfg(mbs=8, delay_s=0.0005), returning=0).take == 1
+
+
+def test_requests_that_waited_behind_a_busy_lane_wait_for_its_answered_clients_within_the_delay_after_the_answer():
+    """Two queued while the lane ran two others: once it answers, they are held for those clients up to the delay
+    counted from the answer, not from their own arrival (else a few clients settle into alternating halves)."""
+    d = form_batch([1, 1], 10.0, 10.0051, 1, cfg(mbs=8, delay_s=0.0005), returning=2, answered_s=10.005)
+    assert d.take == 0 and d.wait_s == pytest.approx(0.0004)
+    d = form_batch([1, 1], 10.0, 10.0056, 1, cfg(mbs=8, delay_s=0.0005), returning=2, answered_s=10.005)
+    assert d.take == 2  # the delay after the answer is spent
+    d = form_batch([1, 1], 10.0, 10.0051, 1, cfg(mbs=8, delay_s=0.0005), returning=0, answered_s=10.005)
+    assert d.take == 2  # nobody expected: work-conserving, as before
+    d = form_batch([1] * 8, 10.0, 10.0051, 1, cfg(mbs=8, delay_s=0.0005), returning=2, answered_s=10.005)
+    assert d.take == 8  # full

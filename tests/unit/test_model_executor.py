@@ -500,11 +500,11 @@ def test_the_clients_of_a_small_batch_are_expected_back_and_those_of_a_large_one
         executor, lane, sched, runner, stats = build(max_batch_size=16, delay_s=0.01)
         batcher = executor.batcher
 
-        def run_batch(n, queued_after=0):
+        def run_batch(n, queued_after=0, elapsed_ns=1_000):
             futures = [executor.submit({"x": x}, 1, ()) for x in range(1, n + 1)]
             dispatch_all(executor, lane)
             later = [executor.submit({"x": x}, 1, ()) for x in range(queued_after)]
-            lane.finish_next()
+            lane.finish_next(elapsed_ns)
             return futures + later
 
         run_batch(3)
@@ -522,6 +522,14 @@ def test_the_clients_of_a_small_batch_are_expected_back_and_those_of_a_large_one
         assert batcher.returning == 0  # more than INLINE_ROWS: they come back while the lane computes
         run_batch(3, queued_after=5)
         assert batcher.returning == 0  # 3 answered and 5 queued: many clients
+        for elapsed_ns, expected in ((79_000_000, 0), (80_000_000, 8)):  # 8 answered, 4 queued, a run of ~8 delays
+            slow, slow_lane = build(max_batch_size=16, delay_s=0.01)[:2]
+            for x in range(12):
+                slow.submit({"x": x}, 1, ())
+                if x == 7:
+                    dispatch_all(slow, slow_lane)
+            slow_lane.finish_next(elapsed_ns)
+            assert slow.batcher.returning == expected  # a compute-bound model's clients are waited for
         idle = build(max_batch_size=16)[0]  # no queue delay: nothing is ever waited for
         idle.submit({"x": 1}, 1, ())
         dispatch_all(idle, idle.lanes[0])

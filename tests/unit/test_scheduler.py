@@ -263,6 +263,37 @@ def test_answered_clients_that_come_back_one_by_one_form_one_batch():
     run(main())
 
 
+def test_requests_queued_behind_a_busy_lane_wait_for_the_clients_it_answers():
+    """Four closed-loop clients in two halves: two run while the other two queue, and those have waited longer than
+    the delay when the lane answers. They are held for the two answered clients (the delay counts from the answer),
+    and the four run together instead of alternating in twos."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes, sched = setup(loop)
+        gate = Gate()
+        b = make_batcher(sched, lanes, gate, "m", mbs=8, delay_s=30.0)
+        first = [submit(b, i) for i in range(2)]
+        await wait_started(gate)
+        behind = [submit(b, i) for i in (2, 3)]
+        for q in b.batcher._queues:  # they came longer ago than the delay: their own budget is spent
+            for entry in q:
+                entry.arrival_ns -= 60 * 10**9
+        gate.release()
+        assert await asyncio.wait_for(asyncio.gather(*first), 10) == [[0], [1]]
+        assert b.pending == 2  # held for the two answered clients
+        again = [submit(b, 4)]
+        await asyncio.sleep(0)  # one turn: the pump decides on what has come
+        assert b.pending == 3
+        again.append(submit(b, 5))
+        await wait_started(gate)
+        gate.release()
+        assert await asyncio.wait_for(asyncio.gather(*behind, *again), 10) == [[2], [3], [4], [5]]
+        assert gate.ran == [("m", [0, 1]), ("m", [2, 3, 4, 5])]
+        for lane in lanes:
+            lane.stop()
+    run(main())
+
+
 def test_a_client_that_does_not_come_back_is_waited_for_once_within_the_delay():
     async def main():
         loop = asyncio.get_running_loop()
