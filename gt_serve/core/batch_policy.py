@@ -57,9 +57,8 @@ def form_batch(
         # the delay counts from when a lane could first have run it: requests that waited behind a busy lane are
         # held for the answered clients up to the delay after that lane's answer (a few clients otherwise settle
         # into alternating halves: convnet at 4 clients ran batches of 2 while 4 rows cost 0.78x two batches of 2)
-        held_s = now_s - max(oldest_arrival_s, answered_s)
-        return BatchDecision(0, cfg.max_queue_delay_s - held_s) if held_s < cfg.max_queue_delay_s else \
-            BatchDecision(take, 0.0)
+        left_s = cfg.max_queue_delay_s - (now_s - max(oldest_arrival_s, answered_s))
+        return BatchDecision(0, left_s) if left_s > 0.0 else BatchDecision(take, 0.0)
     waited_s = now_s - oldest_arrival_s
     if waited_s >= cfg.max_queue_delay_s:
         return BatchDecision(take, 0.0)
