@@ -76,8 +76,12 @@ def complete_config(cfg: mc.ModelConfig, name: str, graph_inputs: list, graph_ou
         if not cfg.HasField("dynamic_batching"):
             cfg.dynamic_batching.SetInParent()
     if cfg.max_batch_size > 0 and not can_batch:
+        fixed = ", ".join(f"{what} '{t.name}' {list(t.dims)}" for what, tensors in (("input", graph_inputs),
+                                                                                  ("output", graph_outputs))
+                          for t in tensors if not (t.dims and t.dims[0] == -1))
         raise ConfigError(f"model '{name}': max_batch_size {cfg.max_batch_size} needs a variable first "
-                          "dimension on every input and output of the ONNX graph")
+                          f"dimension on every input and output of the ONNX graph; the graph has "
+                          f"{fixed or 'no inputs or outputs'} (set max_batch_size: 0 to serve it unbatched)")
     _merge_tensors(cfg, cfg.input, graph_inputs, "input", name)
     _merge_tensors(cfg, cfg.output, graph_outputs, "output", name)
     if not cfg.HasField("version_policy"):

@@ -244,3 +244,14 @@ def test_kind_gpu_without_a_gpu_lane_fails_the_load():
     with pytest.raises(ConfigError, match="KIND_GPU"):
         host._lanes_for(cfg)
     assert host._lanes_for(_complete("max_batch_size: 8\ninstance_group [ { kind: KIND_AUTO count: 1 } ]")) == lanes[:1]
+
+
+def test_batching_a_graph_with_a_fixed_first_dimension_names_the_tensor():
+    """onnxruntime may infer a fixed first dimension where the file declares a symbolic one (a ReduceSum over every
+    axis): the error names the tensor and the dims the graph has, not just the rule."""
+    cfg = parse_pbtxt("max_batch_size: 8", "test")
+    graph_out = [GraphTensor("sum", "INT32", (1, 1)), GraphTensor("OUTPUT", "FP32", (-1, 4))]
+    with pytest.raises(ConfigError) as info:
+        complete_config(cfg, "m", GRAPH_IN, graph_out, True)
+    message = str(info.value)
+    assert "output 'sum' [1, 1]" in message and "'OUTPUT'" not in message and "max_batch_size: 0" in message
