@@ -17,6 +17,8 @@ from ..errors import DeadlineExceeded, QueueFull, Unavailable
 from .batch_policy import BatchConfig, BatchDecision, form_batch
 
 _now_ns = time.monotonic_ns
+_ANSWERING = 2**63  # the answered clients' window, while their answers are being written: it opens when they are out
+_NEVER = float("inf")
 
 
 @dataclass(frozen=True)
@@ -111,12 +113,21 @@ class Batcher:
         self._wake()
         return future
 
-    def answered(self, requests: int, now_ns: int) -> None:
+    def answered(self, requests: int, now_ns: int | None) -> None:
         """`requests` were answered (or are about to be): their clients may send their next ones soon (0: none is
-        waited for). Set, not added: a client that went away is expected for one window at most."""
+        waited for). Set, not added: a client that went away is expected for one window at most. `now_ns` None: their
+        answers are still being written, and the window opens when they are out (`answers_out`)."""
         if self.return_window_ns:
             self.returning = min(requests, self.cfg.max_batch_size)
+            self._returning_until_ns = _ANSWERING if now_ns is None else now_ns + self.return_window_ns
+
+    def answers_out(self, now_ns: int) -> None:
+        """The answers `answered(requests, None)` announced were written: the clients are expected back within the
+        queue delay from now (unless another answer has set the window since)."""
+        if self._returning_until_ns == _ANSWERING:
             self._returning_until_ns = now_ns + self.return_window_ns
+            if self.pending:
+                self._wake()
 
     def close(self, reason: str) -> None:
         """Refuse new requests with Unavailable(reason); what is queued stays (drained or failed)."""
@@ -163,8 +174,9 @@ class Batcher:
         # the first of them came (or waited) before the answered clients' window ended: the others are waited for
         until_ns = self._returning_until_ns
         returning = self.returning if oldest_ns < until_ns else 0
+        answered_s = _NEVER if until_ns == _ANSWERING else (until_ns - self.return_window_ns) / 1e9
         decision = form_batch([e.batch_size for e in head], oldest_ns / 1e9, now_ns / 1e9, idle_lanes, self.cfg,
-                              returning, (until_ns - self.return_window_ns) / 1e9)
+                              returning, answered_s)
         return decision, head
 
     def take(self, entries: list[Entry]) -> Batch:

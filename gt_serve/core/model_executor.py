@@ -180,19 +180,22 @@ class ModelExecutor:
 
     def _complete(self, batch: Batch, lane: Any, result: Any, exc: BaseException | None, elapsed_ns: int) -> None:
         """The lane's reply, on the loop: the scheduler first (the lane's next batch starts now and computes while
-        this one's answers are written), then the batch's futures."""
+        this one's answers are written), then the batch's futures, and once their answers are out the window in which
+        their clients are expected back (`_answered`)."""
         self.in_flight -= 1
         rows = self._last_rows = batch.size
         if self._inline_max_ns and rows <= INLINE_ROWS and not batch.launch:
             self._note_run(batch, elapsed_ns)
         if batch.launch is not None and exc is None:
             self._launch.ran(batch, batch.launch, elapsed_ns)
-        self._answered(batch, elapsed_ns)
+        expect = self._answered(batch, elapsed_ns)
         self._scheduler.finished(self, elapsed_ns)
         try:
             self._completion.resolve(batch, lane, result, exc)
         except Exception:  # never let bookkeeping stall the queue
             log.exception("batch completion failed for model %s", self.name)
+        if expect:  # after the futures' callbacks, which write the answers
+            self.batcher.loop.call_soon(self._answers_out, 1)
         if batch.traced:
             _note_traces(batch, lane)
         if self.batcher.closed is not None and not self.in_flight and not self.batcher.pending:
@@ -207,11 +210,25 @@ class ModelExecutor:
         than the lane's wait costs (convnet: 8 rows run in 0.67x the time of two batches of 4; 0.85x the CPU at 8
         HTTP clients, 0.91x at 16 gRPC clients). Otherwise many clients keep the lane busy: theirs come back while it
         computes, and waiting for them would leave it idle (expecting every batch's clients back: 1.28x the CPU at 64
-        gRPC clients, mlp)."""
+        gRPC clients, mlp). Returns whether it expects them."""
         requests = len(batch.entries)
         batcher = self.batcher
-        expect = requests + batcher.pending <= INLINE_ROWS or elapsed_ns >= _LONG_RUN_DELAYS * batcher.return_window_ns
-        batcher.answered(requests if expect else 0, _now_ns())
+        window_ns = batcher.return_window_ns
+        expect = bool(window_ns) and (requests + batcher.pending <= INLINE_ROWS
+                                      or elapsed_ns >= _LONG_RUN_DELAYS * window_ns)
+        if expect:  # the window opens when the answers are out (`_answers_out`)
+            batcher.answered(requests, None)
+        else:
+            batcher.answered(0, _now_ns())
+        return expect
+
+    def _answers_out(self, turns: int) -> None:
+        """The window for the answered clients opens once their answers are written: the futures' callbacks write
+        them in the loop's next turn, and gRPC's connections flush what they queued in the turn after."""
+        if turns:
+            self.batcher.loop.call_soon(self._answers_out, turns - 1)
+        else:
+            self.batcher.answers_out(_now_ns())
 
     def _note_run(self, batch: Batch, elapsed_ns: int) -> None:
         """The moving average of a shape's run time at the batch's rows: what an inline run took, or a lane run that

@@ -512,6 +512,10 @@ def test_the_clients_of_a_small_batch_are_expected_back_and_those_of_a_large_one
         executor.submit({"x": 9}, 1, ())
         assert batcher.returning == 2  # one came back: it waits for the other two
         decision, _ = batcher.decide(time.monotonic_ns(), 1)
+        assert decision.take == 0 and decision.wait_s == float("inf")  # their answers are not written yet
+        for _ in range(3):  # the turns of the loop that write the answers: the window opens after them
+            await asyncio.sleep(0)
+        decision, _ = batcher.decide(time.monotonic_ns(), 1)
         assert decision.take == 0 and 0 < decision.wait_s <= 0.01
         executor.submit({"x": 8}, 1, ())
         executor.submit({"x": 7}, 1, ())

@@ -263,6 +263,33 @@ def test_answered_clients_that_come_back_one_by_one_form_one_batch():
     run(main())
 
 
+def test_the_window_for_answered_clients_opens_when_their_answers_are_written():
+    """Answers that take the loop longer than the queue delay to write (a batch's answers on cold caches after a
+    long run): the clients they answer are expected back within the delay after the answers are out, not after the
+    batch came back, so the first to return waits for the other instead of running alone ahead of it."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        lanes, sched = setup(loop)
+        gate = Gate()
+        b = make_batcher(sched, lanes, gate, "m", mbs=8, delay_s=0.2)
+        first = [submit(b, i) for i in range(2)]
+        first[0].add_done_callback(lambda f: time.sleep(0.4))  # the loop busy answering for twice the delay
+        await wait_started(gate)
+        gate.release()
+        assert await asyncio.wait_for(asyncio.gather(*first), 10) == [[0], [1]]
+        again = [submit(b, 2)]
+        await asyncio.sleep(0)  # one turn: the pump decides on what has come
+        assert b.pending == 1  # held for the other answered client
+        again.append(submit(b, 3))
+        await wait_started(gate)
+        gate.release()
+        assert await asyncio.wait_for(asyncio.gather(*again), 10) == [[2], [3]]
+        assert gate.ran == [("m", [0, 1]), ("m", [2, 3])]
+        for lane in lanes:
+            lane.stop()
+    run(main())
+
+
 def test_requests_queued_behind_a_busy_lane_wait_for_the_clients_it_answers():
     """Four closed-loop clients in two halves: two run while the other two queue, and those have waited longer than
     the delay when the lane answers. They are held for the two answered clients (the delay counts from the answer),
