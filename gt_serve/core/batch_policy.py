@@ -5,7 +5,9 @@ out the delay; wait only while every lane is busy, or, within the oldest request
 while a preferred size is within reach, or, within the delay from the later of the oldest request's
 arrival and the answer that freed the lane, while the clients of requests just answered are expected
 back (`returning`: closed-loop clients send their next request a few tens of microseconds after their
-answer; a batch formed without them would run a lone row first and the rest after it).
+answer; a batch formed without them would run a lone row first and the rest after it). `answered_s` is
+when those answers were written (Batcher: infinite while they are being written, so the wait has no end
+yet: ModelExecutor._answers_out opens it).
 """
 from __future__ import annotations
 
