@@ -201,7 +201,7 @@ class ModelExecutor:
         if self.batcher.closed is not None and not self.in_flight and not self.batcher.pending:
             self._on_drained()
 
-    def _answered(self, batch: Batch, elapsed_ns: int) -> None:
+    def _answered(self, batch: Batch, elapsed_ns: int) -> bool:
         """Before the next batch is formed: whether it waits for the clients of this one's requests. While these and
         the queued ones together make a small batch (INLINE_ROWS requests): a few closed-loop clients then send their
         next requests together, a little apart, and a batch of all of them costs less than a lone row run ahead of
