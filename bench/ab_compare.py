@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))
 
 import perf_sweep
 from sweep_servers import LOOPBACK
-from common import loops_cpu_s, tree_cpu_s
+from common import loops_times_s, tree_cpu_s
 
 
 
@@ -82,13 +82,15 @@ def point(text: str, a: argparse.Namespace, repo: Path, pa: str | None) -> dict:
             stats = _get(f"http://127.0.0.1:{http}/v2/models/{a.model}/stats")["model_stats"]
             return sum(int(s["inference_count"]) for s in stats)
 
-        n0, cpu0, loop0 = count(), tree_cpu_s(proc.pid), loops_cpu_s(proc.pid)
+        n0, cpu0, loop0 = count(), tree_cpu_s(proc.pid), loops_times_s(proc.pid)
         measured = drive(a, pa, http, grpc)
         n = max(1, count() - n0)
-        cpu, loop = tree_cpu_s(proc.pid) - cpu0, loops_cpu_s(proc.pid) - loop0
+        cpu = tree_cpu_s(proc.pid) - cpu0
+        user, system = (after - before for after, before in zip(loops_times_s(proc.pid), loop0))
         return {"root": text, "client": a.client, "model": a.model, "concurrency": a.concurrency,
                 "inferences": n, "server_cpu_ms_per_inference": round(cpu / n * 1e3, 4),
-                "loop_cpu_ms_per_inference": round(loop / n * 1e3, 4), **measured}
+                "loop_cpu_ms_per_inference": round((user + system) / n * 1e3, 4),
+                "loop_system_ms_per_inference": round(system / n * 1e3, 4), **measured}
     finally:
         proc.terminate()
         proc.wait(15)
@@ -141,12 +143,14 @@ def _mean(values: list[float]) -> float:
 
 
 def summary(results: dict[str, list[dict]]) -> list[str]:
-    """A line per checkout: its means (server CPU, event-loop thread, p50, inf/s where measured), their ratios to the
-    first checkout's, and the rounds in which it used less server CPU per inference than the first did."""
+    """A line per checkout: its means (server CPU, event-loop thread and its time in the kernel, p50, inf/s where
+    measured), their ratios to the first checkout's, and the rounds in which it used less server CPU per inference
+    than the first did."""
     lines, ref_runs, ref = [], None, None
     for root, runs in results.items():
         cpu = _mean([r["server_cpu_ms_per_inference"] for r in runs])
         loop = _mean([r["loop_cpu_ms_per_inference"] for r in runs])
+        system = _mean([r.get("loop_system_ms_per_inference", 0.0) for r in runs])
         p50 = _mean([r["p50_ms"] for r in runs if "p50_ms" in r])
         infs = _mean([r["inferences_per_s"] for r in runs if "inferences_per_s" in r])
         if ref is None:
@@ -154,6 +158,7 @@ def summary(results: dict[str, list[dict]]) -> list[str]:
         latency = f", p50 {p50:.3f} ms ({p50 / ref[2]:.2f}x)" if p50 and ref[2] else ""
         rate = f", {infs:.0f} inf/s ({infs / ref[3]:.2f}x)" if infs and ref[3] else ""
         loops = f"{loop:.4f} ms/inf ({loop / ref[1]:.2f}x)" if ref[1] else f"{loop:.4f} ms/inf"
+        loops += f" of which {system:.4f} in the kernel"
         line = (f"{root}: server CPU {cpu:.4f} ms/inf ({cpu / ref[0]:.2f}x the first), event-loop thread(s) "
                 f"{loops}{latency}{rate}")
         if runs is not ref_runs:

@@ -52,7 +52,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import sweep_servers
-from common import CpuEnergyWindow, RaplMeter, emit, loops_cpu_s
+from common import CpuEnergyWindow, RaplMeter, emit, loops_times_s
 from sweep_summary import (bracket_best, point_ratios, raw_at_start, run_figures, summarise, summary_table,
                            targets_table)
 
@@ -224,11 +224,12 @@ def server_point(pa: str, srv: sweep_servers.Served, protocol: str, model: str, 
     more perf_analyzer arguments (`--input-data zero`, `--shape NAME:DIMS`)."""
     window = CpuEnergyWindow(srv.pid, rapl)
     count0 = srv.inference_count(model)
-    loop0_s, client0_s = loops_cpu_s(srv.pid), children_cpu_s()
+    loop0, client0_s = loops_times_s(srv.pid), children_cpu_s()
     window.start()
     measured = run_perf_analyzer(pa, srv.url(protocol), protocol, model, concurrency, interval_ms, workdir, extra)
     used = window.stop()
-    loop_s, client_s = loops_cpu_s(srv.pid) - loop0_s, children_cpu_s() - client0_s
+    loop_user_s, loop_sys_s = (after - before for after, before in zip(loops_times_s(srv.pid), loop0))
+    client_s = children_cpu_s() - client0_s
     inferences = max(1, srv.inference_count(model) - count0)
     point = {"server": srv.label, "model": model, "protocol": protocol, "concurrency": concurrency, **measured,
              "server_inferences": inferences, "machine_idle": used["machine_idle"],
@@ -237,8 +238,10 @@ def server_point(pa: str, srv: sweep_servers.Served, protocol: str, model: str, 
              # gt-serve's event-loop thread (front ends, batching, encode/decode, socket calls), the rest of the
              # server being onnxruntime on the lanes; and perf_analyzer's own CPU, which shares the cores
              "client_cpu_ms_per_inference": round(client_s / inferences * 1e3, 4)}
-    if srv.label == "gt_serve":  # Triton's work is not on its main thread
-        point["main_thread_cpu_ms_per_inference"] = round(loop_s / inferences * 1e3, 4)
+    if srv.label in ("gt_serve", "floor"):  # Triton's work is not on its main thread
+        point["main_thread_cpu_ms_per_inference"] = round((loop_user_s + loop_sys_s) / inferences * 1e3, 4)
+        # of which in the kernel: the socket calls (bench/transport_floor.py compares it with a bare transport's)
+        point["main_thread_system_ms_per_inference"] = round(loop_sys_s / inferences * 1e3, 4)
     if used["rapl_j"] is not None:
         point["rapl_mj_per_inference"] = round(used["rapl_j"] / inferences * 1e3, 3)
     return point

@@ -12,7 +12,8 @@ import ab_compare  # noqa: E402
 
 
 def run(cpu, loop, p50=None, infs=None):
-    out = {"server_cpu_ms_per_inference": cpu, "loop_cpu_ms_per_inference": loop}
+    out = {"server_cpu_ms_per_inference": cpu, "loop_cpu_ms_per_inference": loop,
+           "loop_system_ms_per_inference": loop / 2}
     if p50 is not None:
         out["p50_ms"] = p50
     if infs is not None:
@@ -32,6 +33,7 @@ def test_summary_gives_means_ratios_and_rounds_won():
     old, new = ab_compare.summary(results)
     assert old.startswith("old: server CPU 0.2000 ms/inf (1.00x the first)") and "rounds" not in old
     assert "server CPU 0.1667 ms/inf (0.83x the first)" in new
+    assert "event-loop thread(s) 0.0800 ms/inf (0.80x) of which 0.0400 in the kernel" in new
     assert "p50 10.000 ms (1.00x)" in new and "5000 inf/s (1.00x)" in new
     assert new.endswith("less server CPU than the first in 2 of 3 rounds")
 

@@ -94,3 +94,22 @@ def test_a_stolen_point_keeps_the_less_stolen_of_its_two_measurements():
     assert perf_sweep.less_stolen(first, worse) == {**first, "remeasured_steal": 0.2}
     failed = {"error": "perf_analyzer exited 1", "machine_steal": 0.0}
     assert perf_sweep.less_stolen(first, failed)["inferences_per_s"] == 900.0
+
+
+def test_a_threads_cpu_splits_into_user_and_kernel_time():
+    """The event loop's time in the kernel (its socket calls) is reported apart from its Python: a burst of system
+    calls on this thread shows in its system time, and the two parts add up to its CPU."""
+    pid = os.getpid()
+    user0, system0 = common.thread_times_s(pid, pid)
+    fd = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for _ in range(300_000):  # ~0.1-0.3 s of write(2), bounded
+            os.write(fd, b"x")
+    finally:
+        os.close(fd)
+    user1, system1 = common.thread_times_s(pid, pid)
+    assert system1 > system0 and user1 >= user0
+    user2, system2 = common.loops_times_s(pid)  # no gt-serve workers under pytest: the main thread alone
+    assert (user2, system2) >= (user1, system1)
+    assert common.loops_cpu_s(pid) >= user2 + system2
+    assert common.thread_times_s(pid, 2**22 + 1) == (0.0, 0.0)  # no such thread
