@@ -109,7 +109,7 @@ def test_a_threads_cpu_splits_into_user_and_kernel_time():
         os.close(fd)
     user1, system1 = common.thread_times_s(pid, pid)
     assert system1 > system0 and user1 >= user0
-    user2, system2 = common.loops_times_s(pid)  # no gt-serve workers under pytest: the main thread alone
-    assert (user2, system2) >= (user1, system1)
-    assert common.loops_cpu_s(pid) >= user2 + system2
+    user2, system2 = common.loops_times_s(pid)  # this main thread, and any gt-serve child's
+    assert user2 >= user1 and system2 >= system1
+    assert common.loops_cpu_s(pid) >= user1 + system1
     assert common.thread_times_s(pid, 2**22 + 1) == (0.0, 0.0)  # no such thread
