@@ -55,6 +55,11 @@ def parse_json_override(text: str, name: str) -> mc.ModelConfig:
     return cfg
 
 
+def _variable_first_dim(tensor) -> bool:
+    """Whether a graph tensor's first dimension is variable: what batching needs of every input and output."""
+    return bool(tensor.dims) and tensor.dims[0] == -1
+
+
 def complete_config(cfg: mc.ModelConfig, name: str, graph_inputs: list, graph_outputs: list,
                     batching_explicit: bool) -> mc.ModelConfig:
     """Fill what the config leaves out from the ONNX graph; check what it states against the graph.
@@ -70,7 +75,7 @@ def complete_config(cfg: mc.ModelConfig, name: str, graph_inputs: list, graph_ou
     if not cfg.default_model_filename:
         cfg.default_model_filename = "model.onnx"
     all_graph = list(graph_inputs) + list(graph_outputs)
-    can_batch = bool(all_graph) and all(t.dims and t.dims[0] == -1 for t in all_graph)
+    can_batch = bool(all_graph) and all(_variable_first_dim(t) for t in all_graph)
     if not batching_explicit and cfg.max_batch_size == 0 and can_batch:
         cfg.max_batch_size = DEFAULT_MAX_BATCH_SIZE
         if not cfg.HasField("dynamic_batching"):
@@ -78,7 +83,7 @@ def complete_config(cfg: mc.ModelConfig, name: str, graph_inputs: list, graph_ou
     if cfg.max_batch_size > 0 and not can_batch:
         fixed = ", ".join(f"{what} '{t.name}' {list(t.dims)}" for what, tensors in (("input", graph_inputs),
                                                                                   ("output", graph_outputs))
-                          for t in tensors if not (t.dims and t.dims[0] == -1))
+                          for t in tensors if not _variable_first_dim(t))
         raise ConfigError(f"model '{name}': max_batch_size {cfg.max_batch_size} needs a variable first "
                           f"dimension on every input and output of the ONNX graph; the graph has "
                           f"{fixed or 'no inputs or outputs'} (set max_batch_size: 0 to serve it unbatched)")
