@@ -60,13 +60,9 @@ def tree_cpu_s(pid: int, max_depth: int = 4) -> float:
     return total
 
 
-def thread_cpu_s(pid: int, tid: int) -> float:
-    """CPU seconds (user + system) of one thread of `pid` (tid == pid: its main thread, gt-serve's event loop)."""
-    return sum(thread_times_s(pid, tid))
-
-
 def thread_times_s(pid: int, tid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of one thread of `pid`; (0, 0) once it is gone."""
+    """(user, system) CPU seconds of one thread of `pid` (tid == pid: its main thread, gt-serve's event loop); (0, 0)
+    once it is gone."""
     try:
         text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
     except OSError:
@@ -75,15 +71,11 @@ def thread_times_s(pid: int, tid: int) -> tuple[float, float]:
     return int(fields[11]) / _TICKS_PER_S, int(fields[12]) / _TICKS_PER_S
 
 
-def loops_cpu_s(pid: int) -> float:
-    """CPU seconds of gt-serve's event-loop threads: the main thread of `pid` and, for a server of several workers
-    (server.workers), of each gt-serve worker the supervisor `pid` started (not other children: Triton's stubs)."""
-    return sum(loops_times_s(pid))
-
-
 def loops_times_s(pid: int) -> tuple[float, float]:
-    """`loops_cpu_s` split: (user, system) seconds. The system part is the loops' time in the kernel: the sockets'
-    reads and writes (on loopback a write also runs the receiver's side of TCP and wakes its thread), epoll, futexes."""
+    """(user, system) CPU seconds of gt-serve's event-loop threads: the main thread of `pid` and, for a server of
+    several workers (server.workers), of each gt-serve worker the supervisor `pid` started (not other children:
+    Triton's stubs). The system part is the loops' time in the kernel: the sockets' reads and writes (on loopback a
+    write also runs the receiver's side of TCP and wakes its thread), epoll, futexes."""
     workers = [child for child in _children(pid) if _is_gt_serve(child)]
     times = [thread_times_s(p, p) for p in (pid, *workers)]
     return sum(t[0] for t in times), sum(t[1] for t in times)
