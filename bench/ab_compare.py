@@ -6,6 +6,7 @@ alternating rounds share the drift, so their ratio is what to read (issue #17).
     git worktree add /tmp/before HEAD~3        # or any clone of an older commit
     python bench/ab_compare.py /tmp/before . [--client http|grpc|raw] [--concurrency 64] [--rounds 3]
                                [--model mlp|convnet] [--config node.yaml] [--pa-args '--shared-memory system']
+    python bench/ab_compare.py /tmp/before . --repository my_repo --model my_model   # a model of your own
 
 A checkout given as `DIR@node.yaml` runs with that config instead of --config: one checkout against itself under
 two configs (`. .@workers2.yaml`).
@@ -115,7 +116,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("roots", nargs="+", help="checkouts, DIR or DIR@node.yaml (the first is the reference)")
     p.add_argument("--client", choices=("http", "grpc", "raw"), default="http")
-    p.add_argument("--model", choices=sorted(perf_sweep.MODELS), default="mlp")
+    p.add_argument("--model", default="mlp", help=f"one of {', '.join(sorted(perf_sweep.MODELS))}, or a model of "
+                   "--repository")
+    p.add_argument("--repository", help="a model repository of your own to serve (default: the sweep's models, built)")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=float, default=2.5, help="seconds per measurement window")
@@ -123,7 +126,12 @@ def main() -> None:
     p.add_argument("--pa-args", default="", help="more perf_analyzer arguments, e.g. '--shared-memory system'")
     a = p.parse_args()
     pa = perf_sweep.perf_analyzer_path(None) if a.client != "raw" else None
-    repo = perf_sweep.build_repo(Path(tempfile.mkdtemp(prefix="gt-ab-")) / "repo", [a.model], triton=False)
+    if a.repository:
+        repo = Path(a.repository).resolve()
+    elif a.model in perf_sweep.MODELS:
+        repo = perf_sweep.build_repo(Path(tempfile.mkdtemp(prefix="gt-ab-")) / "repo", [a.model], triton=False)
+    else:
+        p.error(f"--model {a.model}: not one of the sweep's models; give its --repository")
     results: dict[str, list[dict]] = {r: [] for r in a.roots}
     for i in range(a.rounds):
         for root in round_order(a.roots, i):
