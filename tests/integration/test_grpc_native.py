@@ -84,7 +84,7 @@ def test_the_native_transport_answers(native):
         kind, flags, sid, payload = _frames(sock, 1)[0]
         assert (kind, flags, sid) == (4, 0, 0)
         settings = dict(struct.unpack_from(">HI", payload, i) for i in range(0, len(payload), 6))
-        assert settings[3] == 256 and settings[5] == 65536  # max concurrent streams, max frame size
+        assert settings[3] == 256 and settings[5] == 1 << 20  # max concurrent streams, max frame size
 
 
 def test_tensors_far_larger_than_the_flow_control_windows(native):

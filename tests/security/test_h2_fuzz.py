@@ -5,6 +5,7 @@ and never holds more than its limits allow. Plus the write back-pressure, determ
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
 
 import pytest
@@ -142,7 +143,7 @@ structured = st.one_of(
     st.builds(lambda sid: f.rst_stream(sid, f.CANCEL), sids),
     st.builds(lambda sid, n: f.frame(f.CONTINUATION, 0, sid, b"\x00" * n), sids, st.integers(0, 3)),
     st.just(f.frame(f.PING, 0, 0, b"12345678")),
-    st.just(f.frame_head(1 << 20, f.DATA, 0, 1)),  # a frame over the limit
+    st.just(f.frame_head(LIMITS.max_frame_bytes + 1, f.DATA, 0, 1)),  # a frame over the limit
 )
 
 
@@ -280,3 +281,78 @@ def test_data_beyond_a_withheld_window_is_a_flow_control_error(loop):
     assert transport.closed
     last = frames_of(bytes(transport.out))[-1]
     assert last[0] == f.GOAWAY and struct.unpack(">I", last[3][4:8])[0] == f.FLOW_CONTROL_ERROR
+
+
+class KeepingConnection(EchoConnection):
+    """An echo connection that keeps what each stream received, and what each DATA payload came as."""
+
+    def stream_opened(self, stream, headers) -> None:
+        super().stream_opened(stream, headers)
+        self.got.setdefault(stream.sid, bytearray())
+
+    def stream_data(self, stream, data) -> None:
+        super().stream_data(stream, data)
+        self.got[stream.sid] += data
+        self.payloads.append(data)
+
+
+def _keeping(loop) -> tuple[KeepingConnection, FakeTransport]:
+    transport = FakeTransport()
+    conn = KeepingConnection(Server(loop))
+    conn.got, conn.payloads = {}, []
+    transport.protocol = conn
+    conn.connection_made(transport)
+    return conn, transport
+
+
+def _read_buffered(conn: H2Connection, wire: bytes, sizes: list[int]) -> None:
+    """`wire` as a buffered transport reads it: into what `get_buffer` gives, at most `sizes[i]` bytes a read."""
+    pos = i = 0
+    while pos < len(wire):
+        into = conn.get_buffer(-1)
+        n = min(len(into), sizes[i % len(sizes)], len(wire) - pos)
+        into[:n] = wire[pos:pos + n]
+        conn.buffer_updated(n)
+        pos, i = pos + n, i + 1
+
+
+def _large_requests(lengths: list[int]) -> tuple[bytes, dict[int, bytes]]:
+    sent = {2 * i + 1: os.urandom(n) for i, n in enumerate(lengths)}
+    wire = f.PREFACE + f.frame(f.SETTINGS, 0, 0) + b"".join(
+        f.frame(f.HEADERS, f.END_HEADERS, sid, _request_block(0)) + f.frame(f.DATA, f.END_STREAM, sid, payload)
+        + f.frame(f.PING, 0, 0, b"12345678") for sid, payload in sent.items())
+    return wire, sent
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=st.lists(st.integers(1, 300_000), min_size=1, max_size=4),
+       sizes=st.lists(st.sampled_from([1, 9, 100, 5000, 16384, 65536, 262144]), min_size=1, max_size=6))
+def test_a_buffered_read_gives_what_data_received_gives(loop, lengths, sizes):
+    """However the reads are cut, reading into `get_buffer`'s buffers (a large frame's rest straight into the
+    frame's own) gives each stream the bytes, and the peer the answers, that `data_received` gives."""
+    wire, sent = _large_requests(lengths)
+    plain, plain_out = _keeping(loop)
+    pos = i = 0
+    while pos < len(wire):
+        plain.data_received(wire[pos:pos + sizes[i % len(sizes)]])
+        pos, i = pos + sizes[i % len(sizes)], i + 1
+    buffered, buffered_out = _keeping(loop)
+    _read_buffered(buffered, wire, sizes)
+    assert buffered.got == plain.got == {sid: bytearray(payload) for sid, payload in sent.items()}
+    assert frames_of(bytes(buffered_out.out)) == frames_of(bytes(plain_out.out))
+    assert not buffered_out.closed and not buffered.streams and buffered._reader.pending == 0
+    buffered.connection_lost(None)
+    plain.connection_lost(None)
+
+
+def test_a_large_frame_is_read_into_its_own_buffer(loop):
+    """A 300 kB DATA frame read 64 KiB at a time: after its first quarter the kernel's reads go straight into the
+    frame's buffer, which the stream gets as it is (no copy of the frame made)."""
+    wire, sent = _large_requests([300_000])
+    conn, transport = _keeping(loop)
+    _read_buffered(conn, wire, [65536])
+    assert conn.got == {1: bytearray(sent[1])}
+    (payload,) = conn.payloads
+    assert isinstance(payload, memoryview) and len(payload.obj) == 9 + 300_000
+    assert not transport.closed
+    conn.connection_lost(None)

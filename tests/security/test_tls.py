@@ -27,6 +27,7 @@ pytestmark = pytest.mark.security
 
 TIMEOUT_S = 20.0
 HANDSHAKE_TIMEOUT_S = 1.0  # --header-timeout-s: bounds the HTTPS handshake too
+WIDE = 400_000  # a "wide" request: 2 x 1.6 MB, past a stream's window and the largest HTTP/2 frame
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,7 @@ def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("repo")
     mb.simple_add_sub(root / "simple" / "1" / "model.onnx")
     (root / "simple" / "config.pbtxt").write_text(mb.SIMPLE_CONFIG)
+    mb.simple_add_sub(root / "wide" / "1" / "model.onnx", size=WIDE)  # no config: completed from the graph
     return root
 
 
@@ -117,6 +119,14 @@ def test_grpc_over_tls_with_tritonclient(tls_server, pki):
     try:
         assert client.is_server_ready(client_timeout=TIMEOUT_S)
         infer_simple(client, grpcclient)
+        # tensors of megabytes: frames of the largest size, read through TLS into their own buffers, and flow control
+        a = np.arange(2 * WIDE, dtype=np.int32).reshape(2, WIDE)
+        b = np.full((2, WIDE), 7, dtype=np.int32)
+        inputs = [grpcclient.InferInput(name, [2, WIDE], "INT32") for name in ("INPUT0", "INPUT1")]
+        for inp, arr in zip(inputs, (a, b)):
+            inp.set_data_from_numpy(arr)
+        result = client.infer("wide", inputs, client_timeout=TIMEOUT_S)
+        assert np.array_equal(result.as_numpy("OUTPUT0"), a + b) and np.array_equal(result.as_numpy("OUTPUT1"), a - b)
     finally:
         client.close()
     plain = grpcclient.InferenceServerClient(tls_server.grpc_url)  # plaintext to the TLS port: refused

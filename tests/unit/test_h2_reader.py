@@ -1,5 +1,6 @@
 """protocol/h2/reader.FrameReader: frames out of received chunks, however the bytes are cut, with large DATA
-payloads as views of what was received (no copy) and every other payload as bytes."""
+payloads as views of what was received (no copy) and every other payload as bytes; the rest of a large frame read
+straight into its buffer (`into`, `filled`) once a quarter of it has come."""
 from __future__ import annotations
 
 import os
@@ -33,7 +34,14 @@ def test_any_cut_of_the_bytes_gives_the_same_frames(seed):
     got, pos = [], 0
     while pos < len(wire):
         step = rng.choice([1, 3, 9, 10, 100, 5000, 65545, 262144])
-        reader.feed(wire[pos:pos + step])
+        into = reader.into()
+        if into is not None and rng.random() < 0.7:  # read into the frame's buffer, as a buffered transport does
+            piece = wire[pos:pos + min(step, len(into))]
+            into[:len(piece)] = piece
+            reader.filled(len(piece))
+            step = len(piece)
+        else:
+            reader.feed(wire[pos:pos + step])
         pos += step
         while rng.random() < 0.8:  # sometimes stop reading (a write pause) while more arrives
             frame = reader.next_frame()
@@ -96,3 +104,81 @@ def test_a_header_cut_in_the_middle_waits_for_its_rest():
         assert reader.next_frame() is None
     reader.feed(wire[-1:])
     assert _plain(_drain(reader)) == [(f.PING, 0, 0, b"abcdefgh")]
+
+
+def test_the_rest_of_a_large_frame_is_read_into_its_buffer_once_a_quarter_came():
+    payload = os.urandom(200000)
+    wire = f.frame(f.DATA, 0, 1, payload) + f.frame(f.PING, 0, 0, b"12345678")
+    reader = FrameReader(1 << 20)
+    reader.feed(wire[:9 + 1000])  # the header and less than a quarter: no frame's worth allocated for it
+    assert reader.next_frame() is None and reader.into() is None and reader.pending == 9 + 1000
+    reader.feed(wire[9 + 1000:60000])
+    assert reader.next_frame() is None and reader.pending == 60000
+    into = reader.into()  # a quarter came: the whole frame's buffer, its rest to be read into
+    assert into is not None and len(into) == 9 + len(payload) - 60000
+    into[:100000] = wire[60000:160000]
+    reader.filled(100000)
+    assert reader.pending == 160000 and reader.next_frame() is None
+    into = reader.into()
+    assert len(into) == 9 + len(payload) - 160000
+    rest = 9 + len(payload) - 160000
+    into[:] = wire[160000:160000 + rest]
+    reader.filled(rest)
+    data = reader.next_frame()
+    assert data[:3] == (f.DATA, 0, 1) and data[3] == payload
+    assert isinstance(data[3], memoryview) and len(data[3].obj) == 9 + len(payload)  # no copy of the frame made
+    assert reader.into() is None and reader.pending == 0
+    reader.feed(wire[160000 + rest:])
+    assert _plain(_drain(reader)) == [(f.PING, 0, 0, b"12345678")]
+
+
+def test_nothing_is_read_into_a_buffer_while_received_bytes_wait_or_for_a_small_frame():
+    big = f.frame(f.DATA, 0, 1, os.urandom(100000))
+    reader = FrameReader(1 << 20)
+    reader.feed(big[:50000])
+    assert reader.next_frame() is None and reader.into() is not None
+    reader.feed(big[50000:60000])  # came through `feed` (a transport that is not buffered): read from there first
+    assert reader.into() is None
+    assert reader.next_frame() is None and reader.into() is not None
+    small = FrameReader(1 << 20)
+    small.feed(f.frame(f.DATA, 0, 1, b"x" * 10000)[:5000])  # under view_min: grows as it comes
+    assert small.next_frame() is None and small.into() is None
+
+
+def test_a_whole_frame_buffer_is_given_again_only_once_nothing_refers_to_it():
+    import numpy as np
+
+    from gt_serve.protocol.h2.reader import FrameBuffers
+
+    buffers = FrameBuffers(keep_bytes=4000)
+    first = buffers.take(1000)
+    second = buffers.take(1000)
+    assert second is not first  # held here
+    first_id, second_id = id(first), id(second)
+    view = memoryview(first)[9:]
+    del first
+    array = np.frombuffer(view[100:], np.uint8)  # an array over a view of it
+    del view, second
+    third = buffers.take(1000)
+    assert id(third) == second_id  # the first is still under the array
+    del third, array
+    assert id(buffers.take(999)) not in (first_id, second_id)  # another size: a new one
+    assert id(buffers.take(1000)) == first_id  # nothing over it any more
+    held = [buffers.take(1000) for _ in range(6)]  # all in use at once: new ones past the two free, the oldest
+    assert len(set(map(id, held))) == 6 and first_id in map(id, held)  # forgotten to keep 4000 bytes at most
+    assert sum(map(len, buffers._kept)) <= 4000
+
+
+def test_frames_of_one_size_read_one_after_another_reuse_a_buffer():
+    payload = os.urandom(100000)
+    wire = f.frame(f.DATA, 0, 1, payload)
+    reader = FrameReader(1 << 20)
+    seen = set()
+    for _ in range(3):
+        reader.feed(wire[:50000])
+        reader.feed(wire[50000:])
+        data = reader.next_frame()
+        assert data[3] == payload
+        seen.add(id(data[3].obj))
+        del data
+    assert len(seen) == 1

@@ -7,7 +7,8 @@ GOAWAY with its code and closes, a stream error sends RST_STREAM. The layer abov
 and implements the hooks (`new_stream`, `stream_opened`, `stream_data`, `stream_ended`,
 `stream_closed`; `stream_last` if it can take a stream's last DATA whole); it sends with `send`
 and accounts what it buffers with `hold` / `release`.
-The control-frame handlers are mixed in from `control.py`, the sending half from `output.py`.
+The reading half is mixed in from `reading.py`, the control-frame handlers from `control.py`, the sending half from
+`output.py`.
 """
 from __future__ import annotations
 
@@ -18,14 +19,11 @@ from collections import deque
 from .control import ControlFrames, ControlHandlers
 from .flow import FlowState, ReceiveFlow
 from .frames import (
-    ACK,
-    CONTINUATION,
     DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
     ENHANCE_YOUR_CALM,
     FRAME_SIZE_ERROR,
-    INTERNAL_ERROR,
     NO_ERROR,
     PADDED,
     PRIORITY_FLAG,
@@ -48,12 +46,11 @@ from .frames import (
 from .hpack_cache import HeaderDecoder
 from .limits import H2Limits
 from .output import StreamOutput
-from .reader import FrameReader, after_preface
+from .reading import OPEN, FrameReading
 
 log = logging.getLogger(__name__)
 
 _RESET_MEMORY = 1024  # stream ids we reset, whose late frames are ignored rather than errors
-_AWAIT_PREFACE, _AWAIT_SETTINGS, _OPEN = range(3)
 
 
 class H2Stream(FlowState):
@@ -68,7 +65,7 @@ class H2Stream(FlowState):
         self.done = False  # the response is complete (or the stream was dropped): nothing more to send
 
 
-class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
+class H2Connection(FrameReading, ControlHandlers, StreamOutput, asyncio.BufferedProtocol):
     """`server` provides `loop`, `limits` (H2Limits) and `connections` (a set this joins)."""
 
     def __init__(self, server) -> None:
@@ -79,9 +76,7 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
         self._outbox: list = []  # response frames of this loop turn, sent together (StreamOutput._write_soon)
         self._outbox_bytes = 0
         self._reading = False  # in data_received: what is queued goes out when it returns, not a loop turn later
-        self._preface_buf = bytearray()
-        self._reader = FrameReader(self._limits.max_frame_bytes)
-        self._state = _AWAIT_PREFACE
+        self._start_reading()
         self.streams: dict[int, H2Stream] = {}
         self._last_sid = 0
         self._peer_window = DEFAULT_WINDOW
@@ -154,27 +149,6 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
         for stream in list(self.streams.values()):
             self._drop(stream)
 
-    def data_received(self, data: bytes) -> None:
-        if self._transport is None:
-            return
-        self._last_read_s = self._loop.time()
-        if self._state == _AWAIT_PREFACE:
-            try:
-                data = after_preface(self._preface_buf, data)
-            except H2ConnectionError as exc:
-                return self._connection_error(exc.code, exc.message)
-            if data is None:
-                return
-            self._state = _AWAIT_SETTINGS
-        self._reader.feed(data)
-        self._reading = True
-        try:
-            self._process()
-        finally:
-            self._reading = False
-        if self._outbox:  # answers made while reading (a lone row run at once): written now, one system call
-            self.flush_output()
-
     def pause_writing(self) -> None:
         self._write_paused = True
         self._paused_since_s = self._loop.time()
@@ -189,50 +163,6 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
         if self._transport is not None and not self._write_paused:
             self._transport.resume_reading()
             self._flush_blocked()
-
-    # ---- reading ----
-    def _process(self) -> None:
-        next_frame = self._reader.next_frame
-        on = self._on
-        try:
-            while not self._write_paused:
-                parsed = next_frame()
-                if parsed is None:
-                    break
-                kind = parsed[0]
-                # the usual frame (a known type, on an open connection, no header block pending) needs no checks
-                if (self._continuation is None and self._state == _OPEN and kind <= CONTINUATION) \
-                        or self._admit(kind, parsed[1]):
-                    try:
-                        on[kind](parsed[1], parsed[2], parsed[3])
-                    except H2StreamError as exc:
-                        self.reset_stream(parsed[2], exc.code)
-                if self._transport is None:
-                    return
-        except H2ConnectionError as exc:
-            return self._connection_error(exc.code, exc.message)
-        except Exception as exc:  # noqa: BLE001 - a bug must cost this connection only, with a GOAWAY
-            log.exception("error in HTTP/2 connection")
-            return self._connection_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
-        if self._reader.pending:
-            if self._partial_since_s is None:
-                self._partial_since_s = self._last_read_s
-        else:
-            self._partial_since_s = None
-
-    def _admit(self, kind: int, flags: int) -> bool:
-        """Whether a frame that is not the usual kind goes to its handler: a connection error (raised) where the
-        connection's state forbids it; False for an unknown type, ignored (RFC 9113 5.5) but not without limit."""
-        if self._continuation is not None and kind != CONTINUATION:
-            raise H2ConnectionError(PROTOCOL_ERROR, "expected CONTINUATION")
-        if self._state != _OPEN:
-            if kind != SETTINGS or flags & ACK:
-                raise H2ConnectionError(PROTOCOL_ERROR, "the first frame must be SETTINGS")
-            self._state = _OPEN
-        if kind <= CONTINUATION:
-            return True
-        self._control.frame(self._loop.time())
-        return False
 
     def _on_data(self, flags: int, sid: int, payload: bytes) -> None:
         size = len(payload)
@@ -386,7 +316,7 @@ class H2Connection(ControlHandlers, StreamOutput, asyncio.Protocol):
             return
         limits = self._limits
         now = self._loop.time()
-        if self._state != _OPEN and now - self._opened_s > limits.handshake_timeout_s:
+        if self._state != OPEN and now - self._opened_s > limits.handshake_timeout_s:
             return self._connection_error(PROTOCOL_ERROR, "no preface and SETTINGS in time")
         if self._write_paused:
             if now - self._paused_since_s > limits.frame_timeout_s:

@@ -12,10 +12,12 @@ MIB = 1024 * KIB
 @dataclass(frozen=True)
 class H2Limits:
     # frames and header blocks
-    # SETTINGS_MAX_FRAME_SIZE we advertise and enforce: 64 KiB lets grpc-core send a 48 KB tensor as one DATA frame
-    # instead of four (the frames' Python cost, not their bytes, is what a message costs); a connection's partial
+    # SETTINGS_MAX_FRAME_SIZE we advertise and enforce: as large as a stream's window (no DATA frame can be larger),
+    # so that grpc-core (which allows 4 MiB itself) sends an image-sized tensor as one DATA frame, not one per 64 KiB:
+    # each frame costs Python, and a message of several is joined, a copy of it (issue #17). A frame that spans
+    # reads is read into its own buffer (reader.py), allocated once a quarter of it has come; a connection's partial
     # frame stays far below its connection_buffer_bytes
-    max_frame_bytes: int = 64 * KIB
+    max_frame_bytes: int = 1 * MIB
     max_header_block_bytes: int = 32 * KIB  # one header block, single frame or CONTINUATION-joined
     max_header_list_bytes: int = 32 * KIB  # decoded (RFC 7541 sizes), SETTINGS_MAX_HEADER_LIST_SIZE
     max_continuation_frames: int = 16  # CONTINUATION frames per header block

@@ -10,10 +10,19 @@ most of a large message's cost (issue #17).
 
 A memoryview payload keeps its chunk alive for as long as the consumer holds it: the quarter rule bounds what is
 kept to four times the payload's own bytes, which the connection's flow control counts.
+
+A large frame that spans chunks (an image-sized gRPC message in one DATA frame) is not grown by appends, each of
+which may move it: once a quarter of it has come (so a header alone never makes the reader allocate a frame's
+worth), its buffer is allocated whole and the rest is copied into place. The connection can then have the
+transport read the rest straight into that buffer (`into`, `filled`: asyncio's BufferedProtocol), with no chunk
+and no copy of its own. Whole-frame buffers come from `FrameBuffers`, which hands out again one that nothing refers
+to any more (no view, array or message over it is left): a client that sends frames of one size gets the same few
+buffers, warm and not zeroed again.
 """
 from __future__ import annotations
 
 import struct
+import sys
 from collections import deque
 
 from .frames import DATA, FRAME_SIZE_ERROR, HEADER_BYTES, PREFACE, PROTOCOL_ERROR, H2ConnectionError
@@ -22,24 +31,82 @@ VIEW_MIN_BYTES = 16384
 _HEAD = struct.Struct(">BHBBI").unpack_from  # length (high byte, low 16 bits), type, flags, R + stream id
 
 
+class FrameBuffers:
+    """Whole-frame buffers made for one event loop's connections, kept (the last ones, up to `keep_bytes`) to be
+    given again: `take(size)` gives the oldest kept one of `size` bytes that only this holds, or a new one. A loop
+    with many requests in flight has as many buffers in use: the budget is sized for that. What a buffer given
+    again holds is stale until overwritten."""
+
+    __slots__ = ("_kept", "_keep_bytes", "_bytes", "_alone")
+
+    def __init__(self, keep_bytes: int = 32 << 20) -> None:
+        self._kept: deque[bytearray] = deque()
+        self._keep_bytes = keep_bytes
+        self._bytes = 0
+        self._alone = _references(deque([bytearray(1)]))  # what `take` reads for a buffer only the deque holds
+
+    def take(self, size: int) -> bytearray:
+        kept = self._kept
+        alone = self._alone
+        i = 0
+        for buf in kept:
+            # referred to by the deque alone (and this loop): no view, array or message over it is left
+            if len(buf) == size and sys.getrefcount(buf) == alone:
+                del kept[i]  # (by place: `remove` would compare contents)
+                kept.append(buf)  # the last to be looked at again
+                return buf
+            i += 1
+        buf = bytearray(size)
+        if size <= self._keep_bytes:
+            while self._bytes + size > self._keep_bytes:
+                self._bytes -= len(kept.popleft())
+            kept.append(buf)
+            self._bytes += size
+        return buf
+
+
+def _references(kept: deque) -> int:
+    """The reference count `FrameBuffers.take` reads for the first buffer of `kept`, read the same way (the count
+    of a buffer held by nothing else depends on the interpreter: measured, not assumed)."""
+    for buf in kept:
+        return sys.getrefcount(buf)
+    raise ValueError("no buffer")
+
+
 class FrameReader:
     """feed(chunk) as bytes arrive; next_frame() -> (kind, flags, stream_id, payload) or None until one is complete.
     A frame longer than `max_frame_bytes` is refused (H2ConnectionError) from its header alone."""
 
-    __slots__ = ("max_frame_bytes", "view_min", "_chunk", "_pos", "_partial", "_more")
+    __slots__ = ("max_frame_bytes", "view_min", "_buffers", "_chunk", "_pos", "_partial", "_filled", "_more")
 
-    def __init__(self, max_frame_bytes: int, view_min: int = VIEW_MIN_BYTES) -> None:
+    def __init__(self, max_frame_bytes: int, view_min: int = VIEW_MIN_BYTES,
+                 buffers: FrameBuffers | None = None) -> None:
         self.max_frame_bytes = max_frame_bytes
         self.view_min = view_min
+        self._buffers = buffers or FrameBuffers()
         self._chunk = b""  # the chunk being read, from _pos
         self._pos = 0
         self._partial = bytearray()  # the start of a frame whose rest has not arrived (the chunk is then read out)
+        self._filled = -1  # -1: _partial grows as bytes come; else it is the whole frame's buffer, filled this far
         self._more: deque[bytes] = deque()  # chunks that arrived while _chunk still held whole frames (a pause)
 
     @property
     def pending(self) -> int:
         """Received bytes not yet returned in a frame."""
-        return len(self._partial) + len(self._chunk) - self._pos + sum(map(len, self._more))
+        partial = len(self._partial) if self._filled < 0 else self._filled
+        return partial + len(self._chunk) - self._pos + sum(map(len, self._more))
+
+    def into(self) -> memoryview | None:
+        """Where the next bytes received belong when they are the rest of a large frame whose buffer is allocated
+        whole (and nothing else received waits to be read): its unfilled part, to be read into directly and then
+        counted with `filled`; None when received bytes must come through `feed`."""
+        if self._filled < 0 or self._pos < len(self._chunk) or self._more:
+            return None
+        return memoryview(self._partial)[self._filled:]
+
+    def filled(self, n: int) -> None:
+        """`n` bytes were read into the view `into` gave."""
+        self._filled += n
 
     def feed(self, data: bytes) -> None:
         if self._pos < len(self._chunk) or self._more:
@@ -68,6 +135,7 @@ class FrameReader:
                     return kind, flags, sid & 0x7FFFFFFF, chunk[start:end]
             if avail:  # the chunk ends inside a frame: its start waits in _partial for the rest
                 self._partial += memoryview(chunk)[pos:]
+                self._whole_buffer()
             self._chunk, self._pos = b"", 0
             if not self._more:
                 return None
@@ -76,23 +144,47 @@ class FrameReader:
     def _complete_partial(self) -> bytearray | None:
         """Move into _partial just the bytes that complete its frame, from the chunks that came since (the rest
         of them stays where it is); the whole frame, or None while it is still incomplete."""
-        partial = self._partial
         while True:
-            need = HEADER_BYTES - len(partial)
-            if need <= 0:
-                need = HEADER_BYTES + self._length(partial, 0) - len(partial)
+            partial, filled = self._partial, self._filled
+            if filled < 0:
+                have = len(partial)
+                need = HEADER_BYTES - have
                 if need <= 0:
-                    break
+                    need = HEADER_BYTES + self._length(partial, 0) - have
+            else:
+                have = filled
+                need = len(partial) - filled
+            if need <= 0:
+                break
             if self._pos >= len(self._chunk):
                 if not self._more:
                     return None
                 self._chunk, self._pos = self._more.popleft(), 0
             chunk, pos = self._chunk, self._pos
             take = min(need, len(chunk) - pos)
-            partial += memoryview(chunk)[pos:pos + take]
+            if filled < 0:
+                partial += memoryview(chunk)[pos:pos + take]
+                self._whole_buffer()
+            else:
+                partial[have:have + take] = memoryview(chunk)[pos:pos + take]
+                self._filled = have + take
             self._pos = pos + take
-        self._partial = bytearray()  # the whole frame's buffer is never written again: views of it are safe
-        return partial
+        self._partial, self._filled = bytearray(), -1  # the whole frame's buffer is never written again: views
+        return partial  # of it are safe
+
+    def _whole_buffer(self) -> None:
+        """A growing _partial that holds a quarter of a frame larger than `view_min` (its header read) becomes the
+        whole frame's buffer, allocated once, with what came so far at its start."""
+        partial = self._partial
+        have = len(partial)
+        if have < HEADER_BYTES:
+            return
+        size = HEADER_BYTES + self._length(partial, 0)
+        if size - HEADER_BYTES < self.view_min or 4 * have < size or have >= size:
+            return
+        whole = self._buffers.take(size)
+        whole[:have] = partial
+        self._partial, self._filled = whole, have
 
     def _whole_frame(self, buf: bytearray):
         _, _, kind, flags, sid = _HEAD(buf, 0)
