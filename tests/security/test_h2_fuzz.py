@@ -51,6 +51,12 @@ class FakeTransport:
     def set_write_buffer_limits(self, high=None, low=None) -> None:
         pass
 
+    def set_protocol(self, protocol) -> None:
+        self.protocol = protocol
+
+    def get_protocol(self):
+        return self.protocol
+
     def pause_reading(self) -> None:
         self.reading_paused = True
 
@@ -305,15 +311,24 @@ def _keeping(loop) -> tuple[KeepingConnection, FakeTransport]:
     return conn, transport
 
 
-def _read_buffered(conn: H2Connection, wire: bytes, sizes: list[int]) -> None:
-    """`wire` as a buffered transport reads it: into what `get_buffer` gives, at most `sizes[i]` bytes a read."""
-    pos = i = 0
+def _read_as_asyncio_does(transport: FakeTransport, wire: bytes, sizes: list[int]) -> int:
+    """`wire` as an asyncio transport reads it, at most `sizes[i]` bytes a read: to the protocol it has now, into
+    what `get_buffer` gives when that is a buffered one, else as bytes to `data_received`. The reads that went into
+    a buffer."""
+    pos = i = buffered = 0
     while pos < len(wire):
-        into = conn.get_buffer(-1)
-        n = min(len(into), sizes[i % len(sizes)], len(wire) - pos)
-        into[:n] = wire[pos:pos + n]
-        conn.buffer_updated(n)
+        n = min(sizes[i % len(sizes)], len(wire) - pos)
+        protocol = transport.protocol
+        if isinstance(protocol, asyncio.BufferedProtocol):
+            into = protocol.get_buffer(-1)
+            n = min(n, len(into))
+            into[:n] = wire[pos:pos + n]
+            protocol.buffer_updated(n)
+            buffered += 1
+        else:
+            protocol.data_received(wire[pos:pos + n])
         pos, i = pos + n, i + 1
+    return buffered
 
 
 def _large_requests(lengths: list[int]) -> tuple[bytes, dict[int, bytes]]:
@@ -328,30 +343,31 @@ def _large_requests(lengths: list[int]) -> tuple[bytes, dict[int, bytes]]:
 @given(lengths=st.lists(st.integers(1, 300_000), min_size=1, max_size=4),
        sizes=st.lists(st.sampled_from([1, 9, 100, 5000, 16384, 65536, 262144]), min_size=1, max_size=6))
 def test_a_buffered_read_gives_what_data_received_gives(loop, lengths, sizes):
-    """However the reads are cut, reading into `get_buffer`'s buffers (a large frame's rest straight into the
-    frame's own) gives each stream the bytes, and the peer the answers, that `data_received` gives."""
+    """However the reads are cut, a transport that reads a large frame's rest into the frame's own buffer (the
+    connection's filler) gives each stream the bytes, and the peer the answers, that `data_received` alone gives;
+    and the connection is the transport's protocol again at the end."""
     wire, sent = _large_requests(lengths)
     plain, plain_out = _keeping(loop)
-    pos = i = 0
-    while pos < len(wire):
-        plain.data_received(wire[pos:pos + sizes[i % len(sizes)]])
-        pos, i = pos + sizes[i % len(sizes)], i + 1
+    plain_out.set_protocol = lambda protocol: None  # a transport that stays with data_received
+    _read_as_asyncio_does(plain_out, wire, sizes)
     buffered, buffered_out = _keeping(loop)
-    _read_buffered(buffered, wire, sizes)
+    _read_as_asyncio_does(buffered_out, wire, sizes)
     assert buffered.got == plain.got == {sid: bytearray(payload) for sid, payload in sent.items()}
     assert frames_of(bytes(buffered_out.out)) == frames_of(bytes(plain_out.out))
     assert not buffered_out.closed and not buffered.streams and buffered._reader.pending == 0
+    assert buffered_out.protocol is buffered
     buffered.connection_lost(None)
     plain.connection_lost(None)
 
 
 def test_a_large_frame_is_read_into_its_own_buffer(loop):
-    """A 300 kB DATA frame read 64 KiB at a time: after its first quarter the kernel's reads go straight into the
-    frame's buffer, which the stream gets as it is (no copy of the frame made)."""
+    """A 300 kB DATA frame read 64 KiB at a time: once a quarter of it came, the kernel's reads go straight into the
+    frame's buffer (the connection's filler is the transport's protocol), which the stream gets as it is (no copy of
+    the frame made); then the connection is the protocol again."""
     wire, sent = _large_requests([300_000])
     conn, transport = _keeping(loop)
-    _read_buffered(conn, wire, [65536])
-    assert conn.got == {1: bytearray(sent[1])}
+    assert _read_as_asyncio_does(transport, wire, [65536]) == 3  # of 5 reads of the frame: after the first 2
+    assert conn.got == {1: bytearray(sent[1])} and transport.protocol is conn
     (payload,) = conn.payloads
     assert isinstance(payload, memoryview) and len(payload.obj) == 9 + 300_000
     assert not transport.closed

@@ -65,7 +65,7 @@ class H2Stream(FlowState):
         self.done = False  # the response is complete (or the stream was dropped): nothing more to send
 
 
-class H2Connection(FrameReading, ControlHandlers, StreamOutput, asyncio.BufferedProtocol):
+class H2Connection(FrameReading, ControlHandlers, StreamOutput, asyncio.Protocol):
     """`server` provides `loop`, `limits` (H2Limits) and `connections` (a set this joins)."""
 
     def __init__(self, server) -> None:

@@ -14,7 +14,7 @@ kept to four times the payload's own bytes, which the connection's flow control 
 A large frame that spans chunks (an image-sized gRPC message in one DATA frame) is not grown by appends, each of
 which may move it: once a quarter of it has come (so a header alone never makes the reader allocate a frame's
 worth), its buffer is allocated whole and the rest is copied into place. The connection can then have the
-transport read the rest straight into that buffer (`into`, `filled`: asyncio's BufferedProtocol), with no chunk
+transport read the rest straight into that buffer (`into`, `filled`: reading.FrameFiller), with no chunk
 and no copy of its own. Whole-frame buffers come from `FrameBuffers`, which hands out again one that nothing refers
 to any more (no view, array or message over it is left): a client that sends frames of one size gets the same few
 buffers, warm and not zeroed again.
@@ -95,6 +95,12 @@ class FrameReader:
         """Received bytes not yet returned in a frame."""
         partial = len(self._partial) if self._filled < 0 else self._filled
         return partial + len(self._chunk) - self._pos + sum(map(len, self._more))
+
+    @property
+    def filling(self) -> bool:
+        """Whether the next bytes received are the rest of a large frame whose buffer is allocated whole (nothing
+        else received waits to be read): `into` gives where they belong."""
+        return self._filled >= 0 and self._pos >= len(self._chunk) and not self._more
 
     def into(self) -> memoryview | None:
         """Where the next bytes received belong when they are the rest of a large frame whose buffer is allocated
