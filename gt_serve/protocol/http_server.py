@@ -87,6 +87,9 @@ class _Connection(KnownRequests, RequestParsing, asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_buffer: bytearray | None = None  # a large body grows in place instead of being joined
         self._body_bytes = 0
+        self._body_length = 0  # its Content-Length (0: none, or chunked)
+        self._filling: list | None = None  # [buffer, bytes in it]: a large body read into its own buffer
+        self._filled_request: tuple = ()  # (method, version, keep-alive) of the request whose body that is
         self._split_head: bytes | None = None  # a known head read alone, its body not yet (http_known.py)
 
     # ---- asyncio.Protocol ----
@@ -145,6 +148,8 @@ class _Connection(KnownRequests, RequestParsing, asyncio.Protocol):
         if idle and self._express_request is not None and self._messages == begun + 1 and not self._in_message \
                 and not self._done:
             self._learn_head(heads, data)  # `data` was that one request, whole
+        elif self._in_message and self._body_length and not self._done:
+            self._fill()  # the rest of a large body straight into its buffer (http_parsing.py)
 
     def eof_received(self) -> bool:
         """The client half-closed: answer what was received, then close."""

@@ -148,9 +148,9 @@ def test_nothing_is_read_into_a_buffer_while_received_bytes_wait_or_for_a_small_
 def test_a_whole_frame_buffer_is_given_again_only_once_nothing_refers_to_it():
     import numpy as np
 
-    from gt_serve.protocol.h2.reader import FrameBuffers
+    from gt_serve.protocol.reusable_buffers import ReusableBuffers
 
-    buffers = FrameBuffers(keep_bytes=4000)
+    buffers = ReusableBuffers(keep_bytes=4000)
     first = buffers.take(1000)
     second = buffers.take(1000)
     assert second is not first  # held here

@@ -15,62 +15,20 @@ A large frame that spans chunks (an image-sized gRPC message in one DATA frame) 
 which may move it: once a quarter of it has come (so a header alone never makes the reader allocate a frame's
 worth), its buffer is allocated whole and the rest is copied into place. The connection can then have the
 transport read the rest straight into that buffer (`into`, `filled`: reading.FrameFiller), with no chunk
-and no copy of its own. Whole-frame buffers come from `FrameBuffers`, which hands out again one that nothing refers
-to any more (no view, array or message over it is left): a client that sends frames of one size gets the same few
-buffers, warm and not zeroed again.
+and no copy of its own. Whole-frame buffers come from `ReusableBuffers` (protocol/reusable_buffers.py), which hands
+out again one that nothing refers to any more: a client that sends frames of one size gets the same few buffers,
+warm and not zeroed again.
 """
 from __future__ import annotations
 
 import struct
-import sys
 from collections import deque
 
+from ..reusable_buffers import ReusableBuffers
 from .frames import DATA, FRAME_SIZE_ERROR, HEADER_BYTES, PREFACE, PROTOCOL_ERROR, H2ConnectionError
 
 VIEW_MIN_BYTES = 16384
 _HEAD = struct.Struct(">BHBBI").unpack_from  # length (high byte, low 16 bits), type, flags, R + stream id
-
-
-class FrameBuffers:
-    """Whole-frame buffers made for one event loop's connections, kept (the last ones, up to `keep_bytes`) to be
-    given again: `take(size)` gives the oldest kept one of `size` bytes that only this holds, or a new one. A loop
-    with many requests in flight has as many buffers in use: the budget is sized for that. What a buffer given
-    again holds is stale until overwritten."""
-
-    __slots__ = ("_kept", "_keep_bytes", "_bytes", "_alone")
-
-    def __init__(self, keep_bytes: int = 32 << 20) -> None:
-        self._kept: deque[bytearray] = deque()
-        self._keep_bytes = keep_bytes
-        self._bytes = 0
-        self._alone = _references(deque([bytearray(1)]))  # what `take` reads for a buffer only the deque holds
-
-    def take(self, size: int) -> bytearray:
-        kept = self._kept
-        alone = self._alone
-        i = 0
-        for buf in kept:
-            # referred to by the deque alone (and this loop): no view, array or message over it is left
-            if len(buf) == size and sys.getrefcount(buf) == alone:
-                del kept[i]  # (by place: `remove` would compare contents)
-                kept.append(buf)  # the last to be looked at again
-                return buf
-            i += 1
-        buf = bytearray(size)
-        if size <= self._keep_bytes:
-            while self._bytes + size > self._keep_bytes:
-                self._bytes -= len(kept.popleft())
-            kept.append(buf)
-            self._bytes += size
-        return buf
-
-
-def _references(kept: deque) -> int:
-    """The reference count `FrameBuffers.take` reads for the first buffer of `kept`, read the same way (the count
-    of a buffer held by nothing else depends on the interpreter: measured, not assumed)."""
-    for buf in kept:
-        return sys.getrefcount(buf)
-    raise ValueError("no buffer")
 
 
 class FrameReader:
@@ -80,10 +38,10 @@ class FrameReader:
     __slots__ = ("max_frame_bytes", "view_min", "_buffers", "_chunk", "_pos", "_partial", "_filled", "_more")
 
     def __init__(self, max_frame_bytes: int, view_min: int = VIEW_MIN_BYTES,
-                 buffers: FrameBuffers | None = None) -> None:
+                 buffers: ReusableBuffers | None = None) -> None:
         self.max_frame_bytes = max_frame_bytes
         self.view_min = view_min
-        self._buffers = buffers or FrameBuffers()
+        self._buffers = buffers or ReusableBuffers()
         self._chunk = b""  # the chunk being read, from _pos
         self._pos = 0
         self._partial = bytearray()  # the start of a frame whose rest has not arrived (the chunk is then read out)

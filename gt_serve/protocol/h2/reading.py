@@ -12,27 +12,24 @@ clients (measured, twenty-third pass).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-import weakref
 
 from .frames import ACK, CONTINUATION, INTERNAL_ERROR, PROTOCOL_ERROR, SETTINGS, H2ConnectionError, H2StreamError
-from .reader import FrameBuffers, FrameReader, after_preface
+from ..reusable_buffers import Filler, for_loop
+from .reader import FrameReader, after_preface
 
 log = logging.getLogger(__name__)
 
 AWAIT_PREFACE, AWAIT_SETTINGS, OPEN = range(3)  # the connection's `_state`
-_frame_buffers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per event loop, shared by its connections
 
 
-class FrameFiller(asyncio.BufferedProtocol):
-    """The transport's protocol while the rest of a large frame is read into its buffer: what the transport reads
-    goes there; everything else goes to the connection, as it would have."""
+class FrameFiller(Filler):
+    """The transport's protocol while the rest of a large frame is read into its buffer."""
 
-    __slots__ = ("_conn", "_spare")
+    __slots__ = ("_spare",)
 
     def __init__(self, conn) -> None:  # noqa: ANN001
-        self._conn = conn
+        super().__init__(conn)
         self._spare: bytearray | None = None  # (read into when there is no frame to fill: handed on as bytes)
 
     def get_buffer(self, sizehint: int):  # noqa: ANN201
@@ -54,30 +51,15 @@ class FrameFiller(asyncio.BufferedProtocol):
         conn._read_frames()
         conn._choose_protocol()
 
-    def data_received(self, data: bytes) -> None:  # a transport that hands bytes on (TLS's copying path) all the same
+    def data_received(self, data: bytes) -> None:
         self._conn.data_received(data)
-
-    def eof_received(self):  # noqa: ANN201
-        return self._conn.eof_received()
-
-    def pause_writing(self) -> None:
-        self._conn.pause_writing()
-
-    def resume_writing(self) -> None:
-        self._conn.resume_writing()
-
-    def connection_lost(self, exc) -> None:  # noqa: ANN001
-        self._conn.connection_lost(exc)
 
 
 class FrameReading:
     """Mixed into H2Connection, whose state it uses (loop, limits, transport, streams, the frame handlers `_on`)."""
 
     def _start_reading(self) -> None:
-        buffers = _frame_buffers.get(self._loop)
-        if buffers is None:
-            buffers = _frame_buffers[self._loop] = FrameBuffers()
-        self._reader = FrameReader(self._limits.max_frame_bytes, buffers=buffers)
+        self._reader = FrameReader(self._limits.max_frame_bytes, buffers=for_loop(self._loop))
         self._filler: FrameFiller | None = None  # made for the connection's first large frame
         self._filling = False  # the filler is the transport's protocol
         self._preface_buf = bytearray()
