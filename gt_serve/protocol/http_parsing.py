@@ -2,8 +2,9 @@
 
 They enforce the limits on a request's head (`_MAX_HEAD_BYTES`, 414 / 431) and body (the server's
 `max_body_bytes`, 413), answer `Expect: 100-continue`, collect the body (a large one in one growing
-bytearray) and move the connection through its reading phases, whose timeouts (408, idle close) are
-here too. Their own module so that `http_server.py` holds the connection's queue, worker, writes and
+bytearray; the rest of a large Content-Length one read by the transport straight into its own buffer,
+`BodyFiller`, issue #17) and move the connection through its reading phases, whose timeouts (408, idle
+close) are here too. Their own module so that `http_server.py` holds the connection's queue, worker, writes and
 flow control, and the server; the methods are mixed into the connection (as `h2/output.py` is into
 the HTTP/2 one), so httptools calls them directly, at no cost per request.
 
