@@ -133,12 +133,14 @@ class FrameReader:
                 partial[have:have + take] = memoryview(chunk)[pos:pos + take]
                 self._filled = have + take
             self._pos = pos + take
-        self._partial, self._filled = bytearray(), -1  # the whole frame's buffer is never written again: views
-        return partial  # of it are safe
+        # the whole frame's buffer is not written again while anything refers to it (ReusableBuffers gives one
+        # again only when nothing does): views of it are safe
+        self._partial, self._filled = bytearray(), -1
+        return partial
 
     def _whole_buffer(self) -> None:
-        """A growing _partial that holds a quarter of a frame larger than `view_min` (its header read) becomes the
-        whole frame's buffer, allocated once, with what came so far at its start."""
+        """A growing _partial that holds a quarter of a frame with a payload of `view_min` bytes or more (its header
+        read) becomes the whole frame's buffer, allocated once, with what came so far at its start."""
         partial = self._partial
         have = len(partial)
         if have < HEADER_BYTES:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 
-from .frames import ACK, CONTINUATION, INTERNAL_ERROR, PROTOCOL_ERROR, SETTINGS, H2ConnectionError, H2StreamError
 from ..reusable_buffers import Filler, for_loop
+from .frames import ACK, CONTINUATION, INTERNAL_ERROR, PROTOCOL_ERROR, SETTINGS, H2ConnectionError, H2StreamError
 from .reader import FrameReader, after_preface
 
 log = logging.getLogger(__name__)
