@@ -30,6 +30,7 @@ Triton 2.51 (optional), one-time setup: the nvidia-pytriton 0.7.0 wheel carries 
 backend and the backend stubs; the stub imports numpy and onnxruntime from the venv, so let the venv see them:
     python3 -m venv --system-site-packages /opt/triton-venv
     /opt/triton-venv/bin/pip install --no-deps nvidia-pytriton==0.7.0
+    /opt/triton-venv/bin/pip install 'numpy<2'   # its Python backend stub answers with empty outputs under NumPy 2
 then pass --triton-venv /opt/triton-venv. Triton serves the same ONNX files through a Python-backend model
 (bench/triton_onnx_model.py: one onnxruntime session, dynamic batching by Triton).
 """
