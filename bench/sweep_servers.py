@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gt_serve.datatypes import element_count, numpy_dtype
+
 LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
 
 
@@ -114,8 +116,11 @@ def triton(venv: Path, repo: Path, workdir: Path, timeout_s: float = 120.0) -> I
             proc.wait(timeout=10)
 
 
-_ITEM_BYTES = {"BOOL": 1, "INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16": 2, "BF16": 2, "INT32": 4,
-               "UINT32": 4, "FP32": 4, "INT64": 8, "UINT64": 8, "FP64": 8}
+def _item_bytes(datatype: str) -> int | None:
+    """A V2 datatype's bytes per element (gt_serve/datatypes.py's table; BF16 2), None for BYTES (no fixed size)."""
+    if datatype == "BYTES":
+        return None
+    return 2 if datatype == "BF16" else numpy_dtype(datatype).itemsize
 
 
 def check_outputs(served: Served, remedy: str = "") -> None:
@@ -130,12 +135,12 @@ def check_outputs(served: Served, remedy: str = "") -> None:
     for name in models:
         with LOOPBACK.open(f"{base}/models/{name}", timeout=30) as r:
             meta = json.load(r)
-        if any(t["datatype"] not in _ITEM_BYTES for t in meta["inputs"] + meta["outputs"]):
+        if any(_item_bytes(t["datatype"]) is None for t in meta["inputs"] + meta["outputs"]):
             continue
         inputs, blobs = [], []
         for t in meta["inputs"]:
             shape = [1 if d < 0 else d for d in t["shape"]]
-            size = _ITEM_BYTES[t["datatype"]] * _elements(shape)
+            size = _item_bytes(t["datatype"]) * element_count(shape)
             inputs.append({"name": t["name"], "shape": shape, "datatype": t["datatype"],
                            "parameters": {"binary_data_size": size}})
             blobs.append(bytes(size))
@@ -147,15 +152,9 @@ def check_outputs(served: Served, remedy: str = "") -> None:
             answer = r.read()
             json_bytes = int(r.headers.get("Inference-Header-Content-Length") or len(answer))
         for out in json.loads(answer[:json_bytes])["outputs"]:
-            want = _ITEM_BYTES[out["datatype"]] * _elements(out["shape"])
+            want = _item_bytes(out["datatype"]) * element_count(out["shape"])
             got = out.get("parameters", {}).get("binary_data_size")
             if got != want:
                 raise RuntimeError(f"{served.label} answered model {name!r} with output {out['name']!r} of "
                                    f"{got} bytes, not {want}: its figures would not be of the same work. {remedy}")
 
-
-def _elements(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

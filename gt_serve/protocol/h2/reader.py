@@ -64,9 +64,7 @@ class FrameReader:
         """Where the next bytes received belong when they are the rest of a large frame whose buffer is allocated
         whole (and nothing else received waits to be read): its unfilled part, to be read into directly and then
         counted with `filled`; None when received bytes must come through `feed`."""
-        if self._filled < 0 or self._pos < len(self._chunk) or self._more:
-            return None
-        return memoryview(self._partial)[self._filled:]
+        return memoryview(self._partial)[self._filled:] if self.filling else None
 
     def filled(self, n: int) -> None:
         """`n` bytes were read into the view `into` gave."""

@@ -44,7 +44,7 @@ class FrameFiller(Filler):
         conn = self._conn
         if conn._transport is None:
             return
-        if conn._reader.into() is None:
+        if not conn._reader.filling:  # read into the spare (`get_buffer`)
             return conn.data_received(bytes(self._spare[:nbytes]))
         conn._reader.filled(nbytes)
         conn._last_read_s = conn._loop.time()
