@@ -28,12 +28,14 @@ outlier ejection, core/fleet_call.py).
 A broker link known to be up can still be broken (a restarted broker's container dropped its sockets
 without a FIN: the node learns it only by the MQTT keepalive, seconds later). The node hears its own
 messages back through its subscription, so the agent says when it publishes one it expects back
-(``echo_sent``) and when one comes back (``echo_heard``). An echo still missing ``echo_allow_s`` after
-it was sent puts the broker path in doubt from then on: the same as a link known down from that time
-(silence stops counting, ``stale_view_s``), so the peers cannot turn suspect for the broker's fault
-first. When echoes come back the view recovers as on ``link_up``; the rejoin grace is given only
-after a doubt long enough for a peer to have been judged (``suspect_after_periods``), a shorter one
-gives each trusted peer one period to be heard again.
+(``echo_sent``) and when one comes back (``echo_heard``). While an echo is awaited, silence counts
+only until it was sent: a peer is judged on silence the broker has since proven real. An echo still
+missing ``echo_allow_s`` after it was sent puts the broker path in doubt since the send: the same as
+a link known down from that time (silence stops counting, ``stale_view_s``), so the peers cannot turn
+suspect for the broker's fault first, and no peer's health goes back when the doubt begins. When
+echoes come back the view recovers as on ``link_up``; the rejoin grace is given only after a doubt
+long enough for a peer to have been judged (``suspect_after_periods``), a shorter one gives each
+trusted peer one period to be heard again.
 
 A peer is ``verified`` when its messages were authenticated (cluster key; edge/auth.py).
 """
@@ -138,7 +140,7 @@ class NodeView:
         self._rejoin_grace_s = rejoin_grace_s
         self._link_down_s: float | None = None  # when the broker was last heard from, while it is away
         self._echo_allow_s = period_s / 2 if echo_allow_s is None else echo_allow_s
-        self._echo_due_s: float | None = None  # an own message is due back by then; later: the broker path is in doubt
+        self._echo_sent_s: float | None = None  # the first own message not yet heard back was sent then
         self._peers: dict[str, _Peer] = {}
         self._listeners: list[Listener] = []
         self._changed = asyncio.Event()
@@ -204,23 +206,22 @@ class NodeView:
         """The broker is away; it was last heard from at ``since_s`` (default: now)."""
         if self._link_down_s is None:
             down_s = min(now_s, since_s) if since_s is not None else now_s
-            doubt_s = self._down_since(now_s)  # an echo overdue: the path was broken before the link knew
-            self._link_down_s = down_s if doubt_s is None else min(down_s, doubt_s)
-            self._echo_due_s = None
+            self._link_down_s = min(down_s, self._counted_until(now_s))  # an echo awaited: broken since its send
+            self._echo_sent_s = None
             self._notify()
 
     def link_up(self, now_s: float) -> None:
         """The broker is back: every peer's silence counts again, from where it stopped."""
         down_s = self._down_since(now_s)
         if down_s is None:
-            self._echo_due_s = None
+            self._echo_sent_s = None
         else:
             self._recover(now_s, down_s, self._rejoin_grace_s)
 
     def echo_sent(self, now_s: float) -> None:
         """This node published a message it will hear back (its own topics are in its subscription)."""
-        if self._echo_due_s is None and self._link_down_s is None:
-            self._echo_due_s = now_s + self._echo_allow_s
+        if self._echo_sent_s is None and self._link_down_s is None:
+            self._echo_sent_s = now_s
             self._notify()  # a new transition time for waiters
 
     def echo_heard(self, now_s: float) -> None:
@@ -228,8 +229,9 @@ class NodeView:
         if self._link_down_s is not None:
             return
         down_s = self._down_since(now_s)
-        if down_s is None:
-            self._echo_due_s = None
+        if down_s is None:  # in time: silence counts again, up to now
+            self._echo_sent_s = None
+            self._notify()
         else:  # the path was in doubt: recover as after a reconnect
             long_doubt = now_s - down_s >= self._suspect_after_s
             self._recover(now_s, down_s, self._rejoin_grace_s if long_doubt else self._period_s)
@@ -237,7 +239,7 @@ class NodeView:
     def _recover(self, now_s: float, down_s: float, grace_s: float) -> None:
         trusted = {p.node for p in self._peers.values() if self._health(p, now_s) in (Health.LIVE, Health.DRAINING)}
         self._link_down_s = None
-        self._echo_due_s = None
+        self._echo_sent_s = None
         outage_s = max(0.0, now_s - down_s)
         rejoin_by_s = now_s + grace_s - self._suspect_after_s  # silent that long: not yet suspect
         for peer in self._peers.values():
@@ -247,11 +249,16 @@ class NodeView:
         self._notify()
 
     def _down_since(self, now_s: float) -> float | None:
-        """Since when silence says nothing about the peers: the link known down, or an own echo overdue."""
+        """Since when the broker path is in doubt: the link known down, or an own echo overdue (since its send)."""
         if self._link_down_s is not None:
             return self._link_down_s
-        due_s = self._echo_due_s
-        return due_s if due_s is not None and due_s <= now_s else None
+        sent_s = self._echo_sent_s
+        return sent_s if sent_s is not None and sent_s + self._echo_allow_s <= now_s else None
+
+    def _counted_until(self, now_s: float) -> float:
+        """Silence counts until then: the doubt's start, or the send of an echo still awaited."""
+        until_s = self._link_down_s if self._link_down_s is not None else self._echo_sent_s
+        return now_s if until_s is None else min(now_s, until_s)
 
     @property
     def link_is_down(self) -> bool:
@@ -292,16 +299,16 @@ class NodeView:
         """The earliest time after ``now_s`` at which some peer's health changes by silence."""
         best = math.inf
         down_s = self._down_since(now_s)
-        doubt_s = down_s if down_s is not None else self._echo_due_s  # an echo pending: in doubt from then
+        doubt_s = down_s if down_s is not None else self._echo_sent_s  # an echo awaited: in doubt from its send
         if down_s is None and doubt_s is not None:
-            best = doubt_s  # silence stops counting then
+            best = doubt_s + self._echo_allow_s  # the doubt begins then
         if doubt_s is not None:
             untrusted_s = doubt_s + self._stale_view_s
             if untrusted_s > now_s:
                 best = min(best, untrusted_s)
         for peer in self._peers.values():
-            if peer.state not in ("ready", "draining") or down_s is not None:
-                continue
+            if peer.state not in ("ready", "draining") or doubt_s is not None:
+                continue  # silence not counting now: its next change comes with an echo or the link
             thresholds = (self._suspect_after_s, self._dead_after_s)
             for after_s in thresholds if peer.state == "ready" else thresholds[1:]:
                 at_s = peer.last_seen_s + after_s
@@ -363,10 +370,8 @@ class NodeView:
         return Health.LIVE
 
     def _age_s(self, peer: _Peer, now_s: float) -> float:
-        """Silence that counts: it stops growing while the broker is away."""
-        down_s = self._down_since(now_s)
-        until_s = now_s if down_s is None else min(now_s, down_s)
-        return max(0.0, until_s - peer.last_seen_s)
+        """Silence that counts: it stops growing while the broker is away or an own echo is awaited."""
+        return max(0.0, self._counted_until(now_s) - peer.last_seen_s)
 
     def _info(self, peer: _Peer, now_s: float) -> PeerInfo:
         return PeerInfo(node=peer.node, epoch=peer.epoch, health=self._health(peer, now_s),

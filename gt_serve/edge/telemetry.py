@@ -15,9 +15,8 @@ and counted in ``stats.rejected`` by reason. The retained status and caps are th
 every third of the replay window, so a node that joins late finds them within the window.
 The broker link's state is told to the view (``link_down`` / ``link_up``): while the broker is
 away, peers keep the health they had when it was last heard from, for a bounded time, and after it
-is back they have ``rejoin_grace_s`` to reconnect (core/node_view.py). Before the link is known down
-(MQTT's keepalive), the node's own telemetry coming back tells: once the broker has echoed one of its
-telemetry messages on a connection, each one sent is an echo expected (``view.echo_sent`` / ``echo_heard``).
+is back they have ``rejoin_grace_s`` to reconnect (core/node_view.py). Before MQTT's keepalive tells, its own telemetry
+coming back does: once echoed on a connection, each one sent is expected back (``view.echo_sent`` / ``echo_heard``).
 A peer's last will is applied only once a later message shows the broker still runs (edge/wills.py): a broker
 that shuts down publishes every client's will and then closes the connections (the peers did not die; it went).
 """
@@ -116,6 +115,11 @@ class TelemetryAgent:
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
+
+    @property
+    def expects_echoes(self) -> bool:
+        """This connection brought back our own telemetry: each one sent is now an echo expected."""
+        return self._echoes
 
     async def start(self) -> None:
         """Start in the background; returns at once (the node serves alone until connected)."""

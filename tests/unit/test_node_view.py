@@ -285,13 +285,13 @@ def test_an_overdue_echo_keeps_the_last_view_before_the_link_is_known_down() -> 
     assert v.next_transition_s(1.2) == pytest.approx(1.7)  # the path is in doubt from then
     clock.now_s = 1.6
     assert not v.link_is_down
-    assert v.health("b", 3.9) is Health.LIVE  # b's silence counts until 1.7 only
+    assert v.health("b", 3.9) is Health.LIVE  # b's silence counts until the send (1.2) only
     clock.now_s = 5.0
-    assert v.link_is_down  # no echo, yet no link-down told: in doubt since 1.7
+    assert v.link_is_down  # no echo, yet no link-down told: in doubt since the send
     assert v.sweep(5.0) == []  # no event: b never turned suspect on the way
-    assert v.health("b", 11.6) is Health.LIVE
-    assert v.health("b", 11.7) is Health.SUSPECT  # stale_view_s after the doubt began
-    v.echo_heard(8.0)  # back after 6.3 s (>= 3 periods): recovered as after a reconnect, with the grace
+    assert v.health("b", 11.1) is Health.LIVE
+    assert v.health("b", 11.2) is Health.SUSPECT  # stale_view_s after the doubt began
+    v.echo_heard(8.0)  # back after 6.8 s (>= 3 periods): recovered as after a reconnect, with the grace
     assert not v.link_is_down
     assert v.health("b", 12.9) is Health.LIVE
     assert v.health("b", 13.0) is Health.SUSPECT
@@ -301,8 +301,8 @@ def test_a_short_doubt_gives_one_period_not_the_grace() -> None:
     v = view(rejoin_grace_s=5.0)
     v.update(st("b"), 0.0)
     v.echo_sent(2.0)
-    assert v.health("b", 3.0) is Health.LIVE  # counted until 2.5 only
-    v.echo_heard(3.0)  # 0.5 s of doubt: b's silence resumes at 2.5 s, with one period to be heard in
+    assert v.health("b", 3.0) is Health.LIVE  # counted until the send (2.0) only
+    v.echo_heard(3.0)  # 1 s of doubt: b's silence resumes at 2 s, with one period to be heard in
     assert v.health("b", 3.9) is Health.LIVE
     assert v.health("b", 4.0) is Health.SUSPECT
 
@@ -320,13 +320,34 @@ def test_a_link_down_after_an_overdue_echo_keeps_the_earlier_start() -> None:
     v = view(stale_view_s=10.0)
     v.update(st("b"), 0.0)
     v.echo_sent(1.0)
-    v.link_down(4.0, since_s=3.0)  # the keepalive noticed later; the path was in doubt since 1.5
-    assert v.health("b", 11.4) is Health.LIVE
-    assert v.health("b", 11.5) is Health.SUSPECT
+    v.link_down(4.0, since_s=3.0)  # the keepalive noticed later; the path was in doubt since the send (1.0)
+    assert v.health("b", 10.9) is Health.LIVE
+    assert v.health("b", 11.0) is Health.SUSPECT
     v.echo_heard(12.0)  # an echo cannot end a known link-down: only link_up does
     assert v.health("b", 12.0) is Health.SUSPECT
     v.link_up(12.0)
-    assert v.health("b", 12.0) is Health.LIVE  # 1.5 s of silence counted, as before the doubt
+    assert v.health("b", 12.0) is Health.LIVE  # 1 s of silence counted, as before the doubt
+
+
+def test_silence_while_an_echo_is_awaited_is_judged_when_it_comes_and_never_undone() -> None:
+    v = view()  # suspect after 3 s of silence
+    v.update(st("b"), 0.0)
+    v.echo_sent(2.9)
+    assert v.next_transition_s(2.95) == pytest.approx(3.4)  # not b's 3.0: silence counts until the send only
+    assert v.health("b", 3.05) is Health.LIVE
+    v.echo_heard(3.05)  # the broker works: b's silence was real
+    assert v.health("b", 3.05) is Health.SUSPECT
+    assert [e.new for e in v.sweep(3.05)] == [Health.SUSPECT]
+
+
+def test_an_echo_that_never_comes_leaves_a_peer_near_its_threshold_live() -> None:
+    v = view(stale_view_s=10.0)
+    v.update(st("b"), 0.0)
+    v.echo_sent(2.9)  # the broker went quiet just before: b's last message will not come
+    for now_s in (2.95, 3.4, 5.0, 12.8):
+        assert v.health("b", now_s) is Health.LIVE, now_s  # 2.9 s counted: never suspect, never back
+        assert v.sweep(now_s) == []
+    assert v.health("b", 12.9) is Health.SUSPECT  # stale_view_s after the doubt began
 
 
 def test_no_echo_is_expected_while_the_link_is_known_down() -> None:
