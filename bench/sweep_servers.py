@@ -157,4 +157,3 @@ def check_outputs(served: Served, remedy: str = "") -> None:
             if got != want:
                 raise RuntimeError(f"{served.label} answered model {name!r} with output {out['name']!r} of "
                                    f"{got} bytes, not {want}: its figures would not be of the same work. {remedy}")
-
