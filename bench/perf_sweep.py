@@ -54,7 +54,7 @@ sys.path.insert(0, str(HERE))
 
 import sweep_servers
 from common import CpuEnergyWindow, RaplMeter, emit, loops_times_s
-from sweep_summary import (bracket_best, point_ratios, raw_at_start, run_figures, summarise, summary_table,
+from sweep_summary import (bracket_best, ceiling, point_ratios, raw_at_start, run_figures, summarise, summary_table,
                            targets_table)
 
 from gt_serve.testing import model_builders as mb
@@ -278,15 +278,6 @@ def less_stolen(first: dict, again: dict) -> dict:
 
 
 # -- report ---------------------------------------------------------------------------------------------
-def ceiling(point: dict, raw: dict) -> float:
-    """The best inf/s/raw a server could reach with this client on the same cores if the server cost nothing
-    beyond onnxruntime's own best-batch CPU: raw CPU / (raw CPU + the client's CPU per inference)."""
-    client = point.get("client_cpu_ms_per_inference")
-    if client is None or not raw.get("best_cpu_ms"):
-        return float("nan")
-    return raw["best_cpu_ms"] / (raw["best_cpu_ms"] + client)
-
-
 def table(points: list[dict], raw: dict[str, dict]) -> str:
     """One row per point: throughput, latency, CPU per inference, and ratios to raw onnxruntime (and Triton)."""
     triton = {(p["model"], p["protocol"], p["concurrency"]): p for p in points if p["server"] == "triton"}

@@ -18,7 +18,7 @@ FIGURES = (("inferences_per_s", "inf/s", "{:.0f}"), ("p50_ms", "p50 ms", "{:.3f}
            ("server_cpu_ms_per_inference", "cpu ms/inf", "{:.4f}"), ("cpu_per_raw", "cpu/raw", "{:.2f}"),
            ("cpu_per_paced_raw", "cpu/paced raw", "{:.2f}"),
            ("infs_per_raw", "inf/s/raw", "{:.2f}"), ("infs_per_triton", "inf/s/triton", "{:.2f}"),
-           ("cpu_per_triton", "cpu/triton", "{:.2f}"))
+           ("cpu_per_triton", "cpu/triton", "{:.2f}"), ("ceiling", "ceiling", "{:.2f}"))
 
 
 def point_key(p: dict) -> tuple:
@@ -28,14 +28,25 @@ def point_key(p: dict) -> tuple:
 def point_ratios(p: dict, raw: dict, triton: dict | None) -> dict:
     """A point's ratios to raw onnxruntime (batch-1 CPU back to back and paced 0.5 ms apart, as one client's
     requests come; best batched inf/s) and to Triton's same point, when
-    Triton ran and this point is not Triton's own (NaN otherwise)."""
+    Triton ran and this point is not Triton's own (NaN otherwise); and the `ceiling` its client set."""
     t_ok = triton is not None and "error" not in triton and p["server"] != "triton"
     return {"cpu_per_raw": p["server_cpu_ms_per_inference"] / raw["batch1_cpu_ms"],
             "cpu_per_paced_raw": p["server_cpu_ms_per_inference"] / raw["paced_cpu_ms"],
             "infs_per_raw": p["inferences_per_s"] / raw["best_inferences_per_s"],
             "infs_per_triton": p["inferences_per_s"] / triton["inferences_per_s"] if t_ok else NAN,
             "cpu_per_triton": (p["server_cpu_ms_per_inference"] / triton["server_cpu_ms_per_inference"]
-                               if t_ok else NAN)}
+                               if t_ok else NAN),
+            "ceiling": ceiling(p, raw)}
+
+
+def ceiling(point: dict, raw: dict) -> float:
+    """The most inf/s/raw any server could reach with this point's client on the same cores, were the server to cost
+    nothing beyond onnxruntime's own best-batch CPU: raw CPU / (raw CPU + the client's CPU per inference); NaN where
+    either was not measured."""
+    client, best = point.get("client_cpu_ms_per_inference"), raw.get("best_cpu_ms")
+    if client is None or not best or math.isnan(best):
+        return NAN
+    return best / (best + client)
 
 
 def run_figures(points: list[dict], raw: dict[str, dict]) -> dict[tuple, dict]:
@@ -102,7 +113,8 @@ def _verdict(values: list[float], bound: float, at_most: bool) -> str:
 def targets_table(runs: list[dict[tuple, dict]], protocols: tuple[str, ...] = ("http", "grpc")) -> str:
     """Issue #17's targets against gt-serve's points in `runs` (run_figures' of each run), as a Markdown table: per
     protocol the median [lowest-highest] over the runs and whether each run met the target; and whether throughput
-    rose (or held) from 16 to 64 clients in every run. A target whose points no run measured is left out."""
+    rose (or held) from 16 to 64 clients in every run. A target whose points no run measured is left out. Below the
+    convnet target, the ceiling its client set in each run (`_ceiling_rows`)."""
     rows = ["| target | " + " | ".join(p.upper() if p == "http" else "gRPC" for p in protocols) + " |",
             "|---|" + "---|" * len(protocols)]
     for what, model, clients, figure, bound, at_most in TARGETS:
@@ -119,6 +131,7 @@ def targets_table(runs: list[dict[tuple, dict]], protocols: tuple[str, ...] = ("
             cells.append(f"{fmt.format(statistics.median(values))}{spread}: {_verdict(values, bound, at_most)}")
         if any(c != "-" for c in cells):
             rows.append(f"| {model}, {what} | " + " | ".join(cells) + " |")
+    rows += _ceiling_rows(runs, protocols)
     cells = []
     for protocol in protocols:
         at16, at64 = ("gt_serve", "mlp", protocol, 16), ("gt_serve", "mlp", protocol, 64)
@@ -128,6 +141,26 @@ def targets_table(runs: list[dict[tuple, dict]], protocols: tuple[str, ...] = ("
     if any(c != "-" for c in cells):
         rows.append("| mlp, inf/s from 16 to 64 clients never falls | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def _ceiling_rows(runs: list[dict[tuple, dict]], protocols: tuple[str, ...]) -> list[str]:
+    """The convnet target's bound in each run: the ceiling its client set (`ceiling`), and whether it left room for
+    0.90 at all; no row where no run measured the client's CPU."""
+    cells = []
+    for protocol in protocols:
+        key = ("gt_serve", "convnet", protocol, 64)
+        values = [run[key]["ceiling"] for run in runs if key in run and not math.isnan(run[key].get("ceiling", NAN))]
+        if not values:
+            cells.append("-")
+            continue
+        low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+        spread = f" [{low}-{high}]" if low != high else ""
+        room = _verdict(values, 0.90, at_most=False).replace("met in", "in")
+        cells.append(f"{statistics.median(values):.2f}{spread}: room for 0.90 {room}")
+    if all(c == "-" for c in cells):
+        return []
+    return ["| convnet, 64 clients: the most any server could reach with this client on these cores (its CPU beside "
+            "raw's best batch) | " + " | ".join(cells) + " |"]
 
 
 def raw_at_start(batch1: list[dict], paced: dict, best: dict) -> dict:

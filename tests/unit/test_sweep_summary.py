@@ -68,6 +68,20 @@ def test_targets_table_says_in_how_many_runs_each_target_was_met():
     assert "2 of 3 runs rose or held" in rows["mlp, inf/s from 16 to 64 clients never falls"]
 
 
+def test_the_ceiling_a_client_sets_is_taken_within_the_run_and_bounds_the_convnet_target():
+    raw = dict(RAW, best_inferences_per_s=1000.0, best_cpu_ms=0.9)
+    runs = [ss.run_figures([dict(point("gt_serve", share * 1000, 1.4, client_cpu_ms_per_inference=client),
+                                 model="convnet")], {"convnet": raw})
+            for share, client in ((0.7, 0.1), (0.8, 0.0), (0.75, 0.2))]
+    assert [round(run[("gt_serve", "convnet", "http", 64)]["ceiling"], 3) for run in runs] == [0.9, 1.0, 0.818]
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in ss.targets_table(runs, ("http",)).splitlines()}
+    row = next(v for k, v in rows.items() if k.startswith("convnet, 64 clients: the most any server could reach"))
+    assert "0.90 [0.82-1.00]: room for 0.90 in 2 of 3 runs" in row
+    no_client = ss.run_figures([dict(point("gt_serve", 700, 1.4), model="convnet")], {"convnet": raw})
+    assert math.isnan(no_client[("gt_serve", "convnet", "http", 64)]["ceiling"])
+    assert "the most any server" not in ss.targets_table([no_client], ("http",))
+
+
 def test_targets_table_leaves_out_what_no_run_measured():
     table = ss.targets_table([_run(0.3, 0.09, 7000, 8000)], ("http", "grpc"))
     assert "Triton" not in table and "convnet" not in table  # neither measured
