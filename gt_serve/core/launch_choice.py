@@ -8,7 +8,9 @@ about twice as long on two cores. That pays for a model whose rows are cheap aga
 loop (mlp at 64 clients: 1.15x inf/s over HTTP, 1.07x over gRPC; mlp2k 1.11x), and loses for a heavier one (mlp4k:
 0.85x; convnet: 0.66x) or one whose batch is many bytes to pack on the loop (a 3x224x224 image model: 0.89x). So a
 model starts on its lane, and its batches are launched while its lane runs take less than a bound per row and the
-batch's inputs are small (docs/DESIGN-NOTES.md, seventh pass).
+batch's inputs are small (docs/DESIGN-NOTES.md, seventh pass). Lane runs are timed from 8 rows, or from the model's
+max_batch_size where that is smaller (a model without config.pbtxt gets 4, as in Triton: launched, such an mlp served
+1.15-1.27x the inf/s at 8-64 clients; twenty-fifth pass).
 """
 from __future__ import annotations
 
@@ -18,14 +20,16 @@ MAX_BATCH_BYTES = 512 * 1024  # inputs packed on the loop: ~0.05 ms of copying, 
 # launch while the fastest lane run is under this a row; at 64 clients: mlp ~46-69 and mlp2k ~65 µs (launching won),
 # mlp4k ~198 µs (it lost), convnet ~690 µs
 ROW_NS = 100_000
-_MIN_ROWS = 8  # lane runs of fewer rows are not timed: a run's fixed cost would dominate their time per row
+_MIN_ROWS = 8  # lane runs of fewer rows are not timed: a run's fixed cost would dominate their time per row (fewer
+# for a model whose batches cannot reach 8 rows: those of its max_batch_size are timed)
 _SETTLE = 8  # timed lane runs before the choice
 _PROBE_EVERY = 256  # launched batches before the lane is timed again, to see whether launching still pays
 
 
 class LaunchChoice:
     """Per model version, on the loop thread: `fits(batch)` before a dispatch, `ran(batch, launched, elapsed_ns)`
-    after. Only lane runs of `_MIN_ROWS` rows or more are timed, and the fastest of `_SETTLE` of them decides: a
+    after. Only lane runs of `min_rows` rows or more are timed (`_MIN_ROWS`, or the model's `max_batch_size` where
+    that is smaller and over 1), and the fastest of `_SETTLE` of them decides: a
     run's time includes its waits for the GIL (to start, between its parts, and to hand its outputs over), which
     come and go with the loop's load; the fastest is the nearest to what the model costs. A launched run's time
     says even less (its callback waits for the GIL too: mlp at 64 clients 85-140 µs a row launched against
@@ -33,10 +37,11 @@ class LaunchChoice:
     `_PROBE_EVERY` launched batches its batches go to the lane until `_SETTLE` more have been timed. With `always`,
     every batch that fits is launched (lanes.launch: always), and nothing is timed."""
 
-    __slots__ = ("row_ns", "always", "launching", "_fastest", "_timed", "_launched")
+    __slots__ = ("row_ns", "always", "launching", "min_rows", "_fastest", "_timed", "_launched")
 
-    def __init__(self, always: bool = False, row_ns: int = ROW_NS) -> None:
+    def __init__(self, always: bool = False, row_ns: int = ROW_NS, max_batch_size: int = 0) -> None:
         self.row_ns = row_ns
+        self.min_rows = min(_MIN_ROWS, max_batch_size) if max_batch_size > 1 else _MIN_ROWS
         self.always = always
         self.launching = always
         self._fastest = 0  # ns per row of the fastest lane run timed since the lane was last chosen
@@ -66,7 +71,7 @@ class LaunchChoice:
             if self._launched >= _PROBE_EVERY:
                 self.launching, self._timed = False, 0
             return
-        if batch.size < _MIN_ROWS:
+        if batch.size < self.min_rows:
             return
         per_row = elapsed_ns // batch.size
         self._fastest = per_row if not self._timed else min(self._fastest, per_row)

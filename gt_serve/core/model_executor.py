@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 _now_ns = time.monotonic_ns
 _LONE_SHAPES = 64  # shapes whose one-row run times are remembered (a model with dynamic dims has many)
 # batches of up to this many rows may run on the loop's thread (`_runs_inline`); more are launched or go to the lane,
-# where LaunchChoice times those of 8 rows or more
+# where LaunchChoice times those of 8 rows or more (or of the model's max_batch_size, where that is smaller)
 INLINE_ROWS = 7
 # `_answered`: a batch whose run took at least this many queue delays expects its clients back whatever the count: a
 # lane held idle for one delay then loses at most an eighth of a run
@@ -90,7 +90,8 @@ class ModelExecutor:
         self._last_rows = 0  # the rows of the last batch run: 1 while requests come one at a time (`run_now`)
         self._asked_ns = 0  # when `run_now` was last asked, and the moving average of the time between two asks
         self._gap_ns = 0
-        self._launch = LaunchChoice(always=launch == "always") if launch != "never" else None
+        self._launch = (LaunchChoice(always=launch == "always", max_batch_size=batcher.cfg.max_batch_size)
+                        if launch != "never" else None)
         self._inline_choice = InlineChoice()  # small batches of several requests: on the loop or the lane
 
     @property

@@ -58,6 +58,18 @@ def test_small_batches_are_not_timed():
     assert choice.launching
 
 
+def test_a_model_whose_batches_cannot_reach_8_rows_is_timed_at_its_max_batch_size():
+    """A model without config.pbtxt gets Triton's max_batch_size of 4: its batches never reach 8 rows, and were never
+    launched (at 8-64 clients through the lane thread 0.79-0.87x the inf/s, issue #17)."""
+    choice = LaunchChoice(max_batch_size=4)
+    lane_runs(choice, 5 * _SETTLE, ROW_NS // 10, rows=3)  # under its max: fixed costs still dominate
+    assert not choice.launching
+    lane_runs(choice, _SETTLE, ROW_NS // 2, rows=4)
+    assert choice.launching
+    for max_batch_size in (0, 1, 8, 32):  # no batches of several rows, or batches that reach 8: 8 as before
+        assert LaunchChoice(max_batch_size=max_batch_size).min_rows == 8
+
+
 def test_the_lane_is_timed_again_after_a_run_of_launched_batches():
     choice = LaunchChoice()
     lane_runs(choice, _SETTLE, ROW_NS // 2)

@@ -398,6 +398,23 @@ def test_batches_of_several_requests_are_launched_once_the_lane_has_timed_them_f
     asyncio.run(main())
 
 
+def test_a_model_with_a_max_batch_size_under_8_launches_its_full_batches_once_timed_fast():
+    async def main():
+        executor, lane, _, runner, _ = build(launch="auto", max_batch_size=4)
+        for _ in range(_SETTLE):
+            for x in range(4):
+                executor.submit({"x": np.int64(x)}, 1, ())
+            dispatch_all(executor, lane)
+            lane.finish_next(elapsed_ns=4 * 10_000)
+        assert lane.launched == [] and len(runner.runs) == _SETTLE
+        futures = [executor.submit({"x": np.int64(x)}, 1, ()) for x in (1, 2, 3, 4)]
+        dispatch_all(executor, lane)
+        assert len(lane.launched) == 1
+        lane.finish_next()
+        assert [await asyncio.wait_for(f, WAIT_S) for f in futures] == [[2], [4], [6], [8]]
+    asyncio.run(main())
+
+
 def test_launch_always_never_and_jobs_that_cannot_launch():
     async def main():
         async def first_batch(executor, lane):
