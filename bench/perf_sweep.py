@@ -54,7 +54,7 @@ sys.path.insert(0, str(HERE))
 
 import sweep_servers
 from common import CpuEnergyWindow, RaplMeter, emit, loops_times_s
-from sweep_summary import (bracket_best, ceiling, point_ratios, raw_at_start, run_figures, summarise, summary_table,
+from sweep_summary import (bracket_best, point_ratios, raw_at_start, run_figures, summarise, summary_table,
                            targets_table)
 
 from gt_serve.testing import model_builders as mb
@@ -297,7 +297,7 @@ def table(points: list[dict], raw: dict[str, dict]) -> str:
             f"{p['p50_ms']:>7.3f} {p['p99_ms']:>7.3f} {p['server_cpu_ms_per_inference']:>10.4f} "
             f"{p.get('main_thread_cpu_ms_per_inference', float('nan')):>7.4f} "
             f"{p.get('client_cpu_ms_per_inference', float('nan')):>7.4f} "
-            f"{q['cpu_per_raw']:>7.2f} {q['infs_per_raw']:>9.2f} {ceiling(p, r):>7.2f} "
+            f"{q['cpu_per_raw']:>7.2f} {q['infs_per_raw']:>9.2f} {q['ceiling']:>7.2f} "
             f"{q['infs_per_triton']:>12.2f} {q['cpu_per_triton']:>10.2f} {_idle(p):>4} {_steal(p):>5}")
         marked += stolen(p)
     for model, r in raw.items():

@@ -106,6 +106,11 @@ TARGETS = (("one client: p50 <= 0.5 ms", "mlp", 1, "p50_ms", 0.5, True),
 _FORMATS = {name: fmt for name, _, fmt in FIGURES}
 
 
+def _measured(runs: list[dict[tuple, dict]], key: tuple, figure: str) -> list[float]:
+    """`figure` of point `key` in each run that measured it (not NaN)."""
+    return [run[key][figure] for run in runs if key in run and not math.isnan(run[key].get(figure, NAN))]
+
+
 def _spread(values: list[float], fmt: str) -> str:
     """The median of `values`, with [lowest-highest] when they differ as printed."""
     low, high = fmt.format(min(values)), fmt.format(max(values))
@@ -129,7 +134,7 @@ def targets_table(runs: list[dict[tuple, dict]], protocols: tuple[str, ...] = ("
         cells = []
         for protocol in protocols:
             key = ("gt_serve", model, protocol, clients)
-            values = [run[key][figure] for run in runs if key in run and not math.isnan(run[key].get(figure, NAN))]
+            values = _measured(runs, key, figure)
             if not values:
                 cells.append("-")
                 continue
@@ -154,7 +159,7 @@ def _ceiling_rows(runs: list[dict[tuple, dict]], protocols: tuple[str, ...]) -> 
     cells = []
     for protocol in protocols:
         key = ("gt_serve", "convnet", protocol, 64)
-        values = [run[key]["ceiling"] for run in runs if key in run and not math.isnan(run[key].get("ceiling", NAN))]
+        values = _measured(runs, key, "ceiling")
         if not values:
             cells.append("-")
             continue
