@@ -5,7 +5,9 @@ its queue delay arms one timer. A hot model cannot starve a cold one: among mode
 ready, the one with the least weighted compute time served goes first.
 
 The scheduler reads each executor's queue and its lanes' `busy` flags and calls
-`executor.dispatch(entries, lane)`; it writes no lane or queue state itself. The executor tells it
+`executor.dispatch(entries, lane)`; it writes no lane or queue state itself. A lane busy with
+one launched batch only is `spare`: it takes one more of a model that launches its batches
+(`executor.launches_more`), if that batch is full (`executor.full`). The executor tells it
 when a batch came back (`finished`), which charges the model's fair share and pumps again.
 """
 from __future__ import annotations
@@ -101,9 +103,14 @@ class StreamScheduler:
             if not batcher.pending:
                 continue
             idle = [lane for lane in executor.lanes if not lane.busy]
-            if not idle:  # every lane busy: its next finish pumps again (no queue scan per submit)
-                continue
+            full_only = not idle
+            if full_only:  # a lane busy with launched runs only may take one more, full (`launches_more`)
+                idle = [lane for lane in executor.lanes if lane.spare] if executor.launches_more else idle
+                if not idle:  # every lane busy: its next finish pumps again (no queue scan per submit)
+                    continue
             decision, head = batcher.decide(now_ns, len(idle))
+            if full_only and decision.take and not executor.full(head[:decision.take]):
+                continue
             if decision.take:
                 key = virtual[executor] / executor.weight
                 if best is None or key < best_key:

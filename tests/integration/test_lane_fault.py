@@ -205,3 +205,36 @@ def test_a_launched_batch_that_fails_is_rerun_request_by_request(fault_server):
         assert launched and sum(launched) == 0
     else:
         assert launched and sum(launched) >= 1
+
+
+def test_requests_of_a_model_that_does_not_batch_are_launched_and_each_gets_its_own_answer(fault_server):
+    """`gather` has no dynamic_batching: each request runs alone. With the default lanes, those that queue behind
+    others are launched into onnxruntime's pool, two at a time on a lane (ModelExecutor._launches_alone,
+    Lane.spare); every one gets its own rows or its own error, and the launch metric counts them."""
+    srv = fault_server
+    if srv.lanes != "plain":
+        pytest.skip("the server with the default lanes")
+
+    def launched() -> float:
+        with urllib.request.urlopen(f"http://{srv.metrics_url}/metrics", timeout=TIMEOUT_S) as r:
+            return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                       if line.startswith("gt_lane_batches_launched_total{"))
+
+    before = launched()
+    barrier = threading.Barrier(8)
+
+    def worker(i: int) -> int:
+        barrier.wait(TIMEOUT_S)
+        for j in range(25):
+            index = (i * 25 + j) % (ROWS + 1)  # ROWS is out of range: that request alone fails
+            status, body = post(srv, "gather", gather_doc([index]))
+            if index == ROWS:
+                assert status == 500 and "indices element out of data bounds" in body["error"], body
+            else:
+                assert_gather_ok(status, body, [index])
+        return j + 1
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(worker, range(8))) == 200
+    if plan_cpu_lanes(usable_cpu_cores().cores)[1] >= 2:  # onnxruntime's RunAsync needs two intra-op threads
+        assert launched() > before

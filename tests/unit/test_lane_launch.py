@@ -1,10 +1,12 @@
 """Lane.launch with real onnxruntime sessions: a batch packed on the loop and run in onnxruntime's pool gives
 what the lane thread's run gives, replies on the loop, returns its pooled buffers, and a batch that fails is re-run
-one request at a time on the lane's thread (issue #17)."""
+one request at a time on the lane's thread (issue #17). A lane takes a second launched job beside the first, and
+counts their time once."""
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -156,4 +158,73 @@ def test_stop_waits_for_launched_runs_to_call_back():
         gate.set()
         stopping.join(WAIT_S)
         assert not stopping.is_alive() and called_back.is_set() and not lane._thread.is_alive()
+    asyncio.run(main())
+
+
+class Gated:
+    """A launched job that calls back from a thread of its own once `gate` opens: with `result`, or by handing a
+    re-run to the lane thread (`retry`), as a failed batch of several requests does."""
+
+    def __init__(self, result, retry=False):
+        self.result, self.retry, self.gate, self.started = result, retry, threading.Event(), threading.Event()
+
+    def start(self, finish, retry):
+        def run():
+            self.started.set()
+            assert self.gate.wait(WAIT_S)
+            if self.retry:
+                retry(lambda: self.result)
+            else:
+                finish(self.result, None)
+        threading.Thread(target=run, daemon=True).start()
+
+
+def test_a_lane_takes_a_second_launched_job_and_is_free_once_both_and_a_rerun_replied():
+    async def main():
+        lane = Lane("cpu.0", "cpu", asyncio.get_running_loop())
+        lane.start()
+        replies: asyncio.Queue = asyncio.Queue()
+
+        def reply(tag, lane_, result, exc, elapsed_ns):  # on the loop, after the lane's books
+            replies.put_nowait((tag, result, exc, lane_.busy, lane_.spare, lane_.flying))
+
+        first, second, third = Gated("a"), Gated("b", retry=True), Gated("c")
+        try:
+            assert not lane.spare  # idle: a batch of any kind, not a spare slot
+            lane.launch(first, reply, 1)
+            assert lane.busy and lane.spare and lane.flying == 1
+            lane.launch(second, reply, 2)
+            assert lane.busy and not lane.spare and lane.flying == 2
+            second.gate.set()  # re-run on the lane thread: still counted until it replies
+            assert await asyncio.wait_for(replies.get(), WAIT_S) == (2, "b", None, True, True, 1)
+            first.gate.set()
+            assert await asyncio.wait_for(replies.get(), WAIT_S) == (1, "a", None, False, False, 0)
+            lane.launch(third, reply, 3)
+            lane.submit(lambda: "d", reply, 4)  # a job of the lane's thread beside a launched one
+            assert lane.busy and not lane.spare
+            assert await asyncio.wait_for(replies.get(), WAIT_S) == (4, "d", None, True, True, 1)
+            third.gate.set()
+            assert await asyncio.wait_for(replies.get(), WAIT_S) == (3, "c", None, False, False, 0)
+        finally:
+            for job in (first, second, third):
+                job.gate.set()
+            lane.stop()
+        assert (lane.launched, lane.batches_run) == (3, 4)
+
+
+def test_two_launched_jobs_at_once_count_their_time_once():
+    async def main():
+        lane = Lane("cpu.0", "cpu", asyncio.get_running_loop())
+        replies: asyncio.Queue = asyncio.Queue()
+        jobs = [Gated("a"), Gated("b")]
+        start_ns = time.perf_counter_ns()
+        for tag, job in enumerate(jobs):
+            lane.launch(job, lambda tag, *rest: replies.put_nowait(tag), tag)
+        for job in jobs:  # both computing at once
+            assert await asyncio.to_thread(job.started.wait, WAIT_S)
+        for job in jobs:
+            job.gate.set()
+        assert {await asyncio.wait_for(replies.get(), WAIT_S) for _ in jobs} == {0, 1}
+        assert 0 < lane.busy_ns <= time.perf_counter_ns() - start_ns and not lane.busy
+    asyncio.run(main())
     asyncio.run(main())

@@ -415,6 +415,57 @@ def test_a_model_with_a_max_batch_size_under_8_launches_its_full_batches_once_ti
     asyncio.run(main())
 
 
+def test_a_request_of_a_model_that_does_not_batch_is_launched_where_the_loop_would_run_it():
+    """onnxruntime's pool computes it while the loop reads the next requests. A shape not yet timed, or one slower
+    than the loop's limit, keeps the lane thread; `launch: never` keeps the loop's run."""
+    async def main():
+        executor, lane, _, runner, _ = build(launch="auto", max_batch_size=0, inline_max_ns=100_000)
+        futures = [executor.submit({"x": 1}, 1, ((4,),))]
+        dispatch_all(executor, lane)
+        assert lane.launched == [] and lane.ran_here == []  # run time unknown: the lane thread's
+        lane.finish_next(elapsed_ns=40_000)
+        for x, elapsed_ns in ((2, 400_000), (3, 40_000)):  # a launched run's time (GIL waits and all) is not noted
+            futures.append(executor.submit({"x": x}, 1, ((4,),)))
+            dispatch_all(executor, lane)
+            assert lane.launched[-1].launch is True and lane.ran_here == []
+            lane.finish_next(elapsed_ns=elapsed_ns)
+        assert len(lane.launched) == 2
+        for elapsed_ns in (400_000, 400_000):  # another shape: untimed, then slower than the limit
+            futures.append(executor.submit({"x": 4}, 1, ((9,),)))
+            dispatch_all(executor, lane)
+            lane.finish_next(elapsed_ns=elapsed_ns)
+        assert len(lane.launched) == 2 and lane.ran_here == []
+        assert [await asyncio.wait_for(f, WAIT_S) for f in futures] == [[2], [4], [6], [8], [8]]
+
+        never, never_lane, _, _, _ = build(launch="never", max_batch_size=0, inline_max_ns=100_000)
+        for x in (1, 2):
+            never.submit({"x": x}, 1, ((4,),))
+            dispatch_all(never, never_lane)
+            never_lane.finish_next(elapsed_ns=40_000)
+        assert never_lane.launched == [] and len(never_lane.ran_here) == 1
+    asyncio.run(main())
+
+
+def test_a_lane_busy_with_launched_runs_may_take_one_more_full_batch_of_a_model_that_launches():
+    """`launches_more` and `full`, which the scheduler asks before it gives a spare lane (Lane.spare) a batch."""
+    async def main():
+        rows = lambda *sizes: [SimpleNamespace(batch_size=n) for n in sizes]  # noqa: E731
+        unbatched, _, _, _, _ = build(launch="auto", max_batch_size=0)
+        assert unbatched.launches_more and unbatched.full(rows(1)) and unbatched.full(rows(3))
+        auto, lane, _, _, _ = build(launch="auto", max_batch_size=4)
+        assert not auto.launches_more  # its batches go to the lane until timed fast
+        for _ in range(_SETTLE):
+            for x in range(4):
+                auto.submit({"x": np.int64(x)}, 1, ())
+            dispatch_all(auto, lane)
+            lane.finish_next(elapsed_ns=4 * 10_000)
+        assert auto.launches_more
+        assert auto.full(rows(1, 1, 2)) and not auto.full(rows(1, 1, 1))
+        assert build(launch="always")[0].launches_more
+        assert not build(launch="never", max_batch_size=0)[0].launches_more
+    asyncio.run(main())
+
+
 def test_launch_always_never_and_jobs_that_cannot_launch():
     async def main():
         async def first_batch(executor, lane):

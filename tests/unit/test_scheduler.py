@@ -10,6 +10,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from gt_serve.core.batch_completion import BatchCompletion
@@ -39,9 +40,27 @@ class Gate:
             return [[e.feeds["tag"]] for e in batch.entries], (0, 0, 0)
         return run
 
+    def launchable(self, runner, batch, spec, lane):
+        """A JobFactory whose jobs may be launched (Lane.launch): the gated job runs on a thread of its own, as on
+        onnxruntime's pool, and calls back from there."""
+        return _Launchable(self.job_factory(runner, batch, spec, lane))
+
     def release(self, n=1):
         for _ in range(n):
             self._go.release()
+
+
+class _Launchable:
+    launchable = True
+
+    def __init__(self, run):
+        self.run = run
+
+    def __call__(self):
+        return self.run()
+
+    def start(self, finish, retry):
+        threading.Thread(target=lambda: finish(self.run(), None), daemon=True).start()
 
 
 async def wait_started(gate, n=1):
@@ -68,12 +87,16 @@ async def scheduled(n_lanes=1):
             lane.stop()
 
 
-def make_batcher(sched, lanes, gate, name, mbs=8, delay_s=0.0, policy=QueuePolicy(), levels=0, weight=1.0):
-    """The model's executor (submit, pending, batcher) on `lanes`, registered with `sched`."""
+def make_batcher(sched, lanes, gate, name, mbs=8, delay_s=0.0, policy=QueuePolicy(), levels=0, weight=1.0,
+                 launch="never"):
+    """The model's executor (submit, pending, batcher) on `lanes`, registered with `sched`; with `launch`, its
+    batches are launched (`Gate.launchable`)."""
     batcher = Batcher(name, BatchConfig(mbs, (), delay_s), policy, wake=sched.notify, priority_levels=levels)
-    executor = ModelExecutor(batcher, {lane: name for lane in lanes}, gate.job_factory,
+    jobs = gate.job_factory if launch == "never" else gate.launchable
+    executor = ModelExecutor(batcher, {lane: name for lane in lanes}, jobs,
                              BatchCompletion(name, ModelStats(name, "1")), sched,
-                             SimpleNamespace(input_order=["tag"], output_order=["tag"]), weight=weight)
+                             SimpleNamespace(input_order=["tag"], output_order=["tag"]), weight=weight,
+                             launch=launch)
     sched.register(executor)
     return executor
 
@@ -179,6 +202,37 @@ def test_two_lanes_run_two_batches_at_once():
             gate.release(2)
             assert await asyncio.wait_for(asyncio.gather(*futures), 10) == [[0], [1]]
             assert {lane.batches_run for lane in lanes} == {1}
+    run(main())
+
+
+async def after_pump(loop):
+    """Once the pump that the last submit scheduled (call_soon) has run."""
+    turn = loop.create_future()
+    loop.call_soon(turn.set_result, None)
+    await asyncio.wait_for(turn, 10)
+
+
+def test_a_lane_busy_with_a_launched_batch_takes_a_second_only_when_it_is_full():
+    """A second launched batch queues in onnxruntime's pool and starts as soon as the first is computed; one that is
+    not full waits for the lane, to be taken whole (Lane.spare, ModelExecutor.launches_more)."""
+    async def main():
+        async with scheduled() as s:
+            lane, gate = s.lanes[0], s.gate
+            b = s.model("m", mbs=4, launch="always")
+            row = lambda i: submit(b, np.int64(i))  # noqa: E731 - inputs the launch can measure (LaunchChoice.fits)
+            futures = [row(i) for i in (0, 1)]  # read in one turn: one batch of two, launched
+            await wait_started(gate)
+            assert lane.busy and lane.spare and lane.launched == 1
+            futures += [row(i) for i in (2, 3, 4)]
+            await after_pump(s.loop)
+            assert b.pending == 3 and len(gate.ran) == 1  # three of four rows: they wait
+            futures.append(row(5))
+            await wait_started(gate)  # full: launched beside the first
+            assert lane.flying == 2 and not lane.spare and b.pending == 0
+            gate.release(2)
+            assert await asyncio.wait_for(asyncio.gather(*futures), 10) == [[i] for i in range(6)]
+            assert gate.ran == [("m", [0, 1]), ("m", [2, 3, 4, 5])] and not lane.busy
+            assert (lane.launched, lane.batches_run) == (2, 2)
     run(main())
 
 
