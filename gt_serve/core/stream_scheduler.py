@@ -95,29 +95,47 @@ class StreamScheduler:
             self._arm_timer(self.loop.time() + wake_s)
 
     def _next_batch(self, now_ns: int) -> tuple[tuple[ModelExecutor, list[Entry], list] | None, float]:
-        """The batch to run next (the least-served model with one ready), and how long until another may be."""
+        """The batch to run next (the least-served model with one ready), and how long until another may be. Idle
+        lanes first; then a spare one (`_spare_batch`)."""
         best, best_key, wake_s = None, _NEVER, _NEVER
         virtual = self._virtual_ns
+        blocked: list[ModelExecutor] = []  # models with requests and no idle lane
         for executor in self._executors:
             batcher = executor.batcher
             if not batcher.pending:
                 continue
             idle = [lane for lane in executor.lanes if not lane.busy]
-            full_only = not idle
-            if full_only:  # a lane busy with launched runs only may take one more, full (`launches_more`)
-                idle = [lane for lane in executor.lanes if lane.spare] if executor.launches_more else idle
-                if not idle:  # every lane busy: its next finish pumps again (no queue scan per submit)
-                    continue
-            decision, head = batcher.decide(now_ns, len(idle))
-            if full_only and decision.take and not executor.full(head[:decision.take]):
+            if not idle:  # every lane busy: its next finish pumps again (no queue scan per submit)
+                blocked.append(executor)
                 continue
+            decision, head = batcher.decide(now_ns, len(idle))
             if decision.take:
                 key = virtual[executor] / executor.weight
                 if best is None or key < best_key:
                     best, best_key = (executor, head[:decision.take], idle), key
             elif decision.wait_s < wake_s:
                 wake_s = decision.wait_s
+        if best is None and blocked:
+            best = self._spare_batch(blocked, now_ns)
         return best, wake_s
+
+    def _spare_batch(self, blocked: list[ModelExecutor], now_ns: int) -> tuple[ModelExecutor, list[Entry], list] | None:
+        """A full batch for a lane busy with launched runs only (`Lane.spare`), of the least-served model that launches
+        its batches (`launches_more`, `full`). Never a lane that a model which does not launch waits for: a model
+        that always has a full batch would keep the lane busy, and that one would wait for ever."""
+        waited_for = {lane for executor in blocked if not executor.launches_more for lane in executor.lanes}
+        best, best_key = None, _NEVER
+        for executor in blocked:
+            if not executor.launches_more:
+                continue
+            spare = [lane for lane in executor.lanes if lane.spare and lane not in waited_for]
+            if not spare:
+                continue
+            decision, head = executor.batcher.decide(now_ns, len(spare))
+            key = self._virtual_ns[executor] / executor.weight
+            if decision.take and executor.full(head[:decision.take]) and (best is None or key < best_key):
+                best, best_key = (executor, head[:decision.take], spare), key
+        return best
 
     def _arm_timer(self, at: float) -> None:
         if at < self._timer_at:

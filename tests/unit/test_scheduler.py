@@ -236,6 +236,28 @@ def test_a_lane_busy_with_a_launched_batch_takes_a_second_only_when_it_is_full()
     run(main())
 
 
+def test_a_spare_lane_is_not_given_while_a_model_that_does_not_launch_waits_for_it():
+    """A model whose full batches keep coming would keep the lane busy for ever with launched batches; another model
+    on the lane that does not launch waits for it idle, and is served first when it is (the least served)."""
+    async def main():
+        async with scheduled() as s:
+            lane, gate = s.lanes[0], s.gate
+            a, b = s.model("a", mbs=2, launch="always"), s.model("b", mbs=2)
+            futures = [submit(a, np.int64(i)) for i in (0, 1)]  # one batch of two, launched
+            await wait_started(gate)
+            futures.append(submit(b, 10))
+            futures += [submit(a, np.int64(i)) for i in (2, 3)]  # full, but b waits for the lane
+            await after_pump(s.loop)
+            assert lane.spare and a.pending == 2 and b.pending == 1
+            gate.release()
+            await wait_started(gate)
+            assert gate.ran[1] == ("b", [10]) and a.pending == 2
+            gate.release(2)
+            assert await asyncio.wait_for(asyncio.gather(*futures), 10) == [[0], [1], [10], [2], [3]]
+            assert gate.ran == [("a", [0, 1]), ("b", [10]), ("a", [2, 3])]
+    run(main())
+
+
 def test_requests_that_went_away_are_purged_not_run():
     async def main():
         async with scheduled() as s:
