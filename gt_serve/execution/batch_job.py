@@ -54,7 +54,8 @@ class BatchJob:
         """The job without a thread of its own (`Lane.launch`): pack on the calling thread, start the run in
         onnxruntime's pool (`runner.run_async`) and return. `finish(result, None)`, with what calling the job
         returns, comes from onnxruntime's thread; a failed batch of several requests goes to `retry(job)`, a job
-        that runs them one at a time, as `__call__` would (on a lane thread, not in onnxruntime's callback)."""
+        that runs them one at a time, as `__call__` would (on a lane thread, not in onnxruntime's callback), and a
+        failed request alone to `retry(self)`, so that its error is the one `__call__` raises."""
         t0 = _now_ns()
         loans: list = []
 
@@ -68,8 +69,8 @@ class BatchJob:
                     finish(None, e)
                 else:
                     finish(result, None)
-            elif len(self.feeds_list) == 1:
-                finish(None, exc)
+            elif len(self.feeds_list) == 1:  # run again as the lane thread runs it: onnxruntime's callback gives
+                retry(self)  # only the message, and the request's error must read as that run's (status and all)
             else:
                 retry(lambda: self._one_by_one(t0, t1))
 
