@@ -123,12 +123,14 @@ class StreamScheduler:
         """A full batch for a lane busy with launched runs only (`Lane.spare`), of the least-served model that launches
         its batches (`launches_more`, `full`). Never a lane that a model which does not launch waits for: a model
         that always has a full batch would keep the lane busy, and that one would wait for ever."""
-        waited_for = {lane for executor in blocked if not executor.launches_more for lane in executor.lanes}
-        best, best_key = None, _NEVER
+        best, best_key, waited_for = None, _NEVER, None
         for executor in blocked:
-            if not executor.launches_more:
+            spare = [lane for lane in executor.lanes if lane.spare]  # mostly none: checked first, the rest seldom
+            if not spare or not executor.launches_more:
                 continue
-            spare = [lane for lane in executor.lanes if lane.spare and lane not in waited_for]
+            if waited_for is None:
+                waited_for = {lane for other in blocked if not other.launches_more for lane in other.lanes}
+            spare = [lane for lane in spare if lane not in waited_for]
             if not spare:
                 continue
             decision, head = executor.batcher.decide(now_ns, len(spare))
