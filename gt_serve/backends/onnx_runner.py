@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import DeviceOutOfMemory, InvalidArgument
+from .thread_state import keep_thread_state
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,7 @@ class OnnxRunner:
         names = output_names or self.output_names
 
         def ran(outputs: list, _user_data: Any, error: str) -> None:
+            keep_thread_state()  # the next callback on this pool thread need not make one anew
             if error:
                 done(None, RuntimeError(error))
             else:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gt_serve.backends import thread_state
 from gt_serve.backends.numpy_backend import NumpyBackend
 from gt_serve.backends.onnx_runner import OnnxRunner
 from gt_serve.execution.batch_job import BatchJob
@@ -238,3 +239,27 @@ def test_two_launched_jobs_at_once_count_their_time_once():
         assert 0 < lane.busy_ns <= time.perf_counter_ns() - start_ns and not lane.busy
     asyncio.run(main())
     asyncio.run(main())
+
+
+def test_onnxruntimes_pool_thread_keeps_its_python_thread_state_between_callbacks(models, monkeypatch):
+    """A thread state made for each callback would cost an mmap and an munmap a run (backends/thread_state.py):
+    what a callback leaves in a thread-local is there for the next one on that thread, up to KEPT_MAX threads."""
+    def marks(runner) -> list:
+        local, seen = threading.local(), []
+        for i in range(3):
+            done = threading.Event()
+
+            def ran(outputs, exc, i=i):
+                seen.append((threading.get_ident(), getattr(local, "mark", None), exc))
+                local.mark = i
+                done.set()
+            runner.run_async(rows(1, i), None, ran)
+            assert done.wait(WAIT_S)
+        assert len({ident for ident, _, _ in seen} - {threading.get_ident()}) == 1  # the session's one pool thread
+        assert all(exc is None for _, _, exc in seen)
+        return [mark for _, mark, _ in seen]
+
+    monkeypatch.setattr(thread_state, "KEPT_MAX", thread_state.kept_count() + 1)  # room for one thread more
+    assert marks(OnnxRunner(str(models["mlp"]), intra_op_threads=2)) == [None, 0, 1]
+    assert thread_state.kept_count() == thread_state.KEPT_MAX
+    assert marks(OnnxRunner(str(models["mlp"]), intra_op_threads=2)) == [None, None, None]  # past the cap
