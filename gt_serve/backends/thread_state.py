@@ -4,7 +4,7 @@ onnxruntime's `run_async` calls its Python callback on a thread of the session's
 the GIL there with a thread state made for the call and deleted after it, and CPython (3.11 and later) gives each
 new thread state its first 16 KiB of frame stack with mmap and frees it with munmap. An munmap in a process whose
 threads run on several CPUs flushes the other CPUs' TLBs by interrupt; on a virtual machine each interrupt is an
-exit to the hypervisor. Per launched run that cost the pool thread ~0.05 ms of kernel time (a mlp batch-1 run:
+exit to the hypervisor. Per launched run that cost the pool thread ~0.05 ms of kernel time (an mlp batch-1 run:
 ~0.30 ms of the pool thread's CPU where raw onnxruntime's is ~0.20; issue #17, twenty-sixth pass).
 
 `keep_thread_state()`, called at the start of such a callback, takes one more hold of the thread state with
