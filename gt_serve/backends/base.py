@@ -99,9 +99,11 @@ class ModelRunner(Protocol):
     """One loaded model on one lane (device x stream x session).
 
     `run` is called from the lane's worker thread (or, for a lone short row on a CPU lane, from the event
-    loop); it may block (onnxruntime releases the GIL). One lane uses a runner for one batch at a time.
-    A runner whose `runs_async` is true also has `run_async(inputs, output_names, done)`: it starts the run in
-    onnxruntime's own pool and calls `done(outputs, None)` or `done(None, error)` from there (Lane.launch).
+    loop); it may block (onnxruntime releases the GIL). One lane uses a runner for one batch at a time, besides
+    launched ones. A runner whose `runs_async` is true also has `run_async(inputs, output_names, done)`: it starts
+    the run in onnxruntime's own pool and calls `done(outputs, None)` or `done(None, error)` from there
+    (Lane.launch); a lane may have two such runs in flight, and a re-run of a failed one on its thread beside them
+    (an onnxruntime session's runs may overlap).
     """
 
     @property

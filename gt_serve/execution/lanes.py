@@ -7,7 +7,7 @@ calls `reply(tag, lane, result, exc, elapsed_ns)`: the submitter's own completio
 with the work like a future, not installed on the lane. onnxruntime releases the GIL while it
 computes.
 
-A lane is `busy` while anything of its runs. One job at a time runs on its thread or the loop's; a job
+A lane is `busy` while any of its jobs runs. One job at a time runs on its thread or the loop's; a job
 launched into onnxruntime's pool (`launch`) leaves the lane `spare` for one more launched job (LAUNCH_DEPTH),
 which the scheduler gives it only as a full batch (issue #17, twenty-sixth pass).
 """
