@@ -4,12 +4,16 @@ Runs in the lane's thread. Timings are returned so statistics are kept per batch
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 _now_ns = time.perf_counter_ns
+# per onnxruntime pool thread: when its last launched run's callback ended. A run launched while the thread was busy
+# waited in the pool's queue until then, and its compute time counts from there (two launched on a lane: Lane.spare)
+_pool_thread = threading.local()
 
 
 class BatchJob:
@@ -64,7 +68,7 @@ class BatchJob:
                 loan.release()
             if exc is None:
                 try:
-                    result = self._split(outputs, t0, t1)
+                    result = self._split(outputs, t0, t1, getattr(_pool_thread, "free_ns", 0))
                 except Exception as e:  # noqa: BLE001 - nothing may escape into onnxruntime's thread
                     finish(None, e)
                 else:
@@ -73,6 +77,7 @@ class BatchJob:
                 retry(self)  # only the message, and the request's error must read as that run's (status and all)
             else:
                 retry(lambda: self._one_by_one(t0, t1))
+            _pool_thread.free_ns = _now_ns()
 
         feeds = self._feeds(loans)
         t1 = _now_ns()
@@ -88,15 +93,16 @@ class BatchJob:
             return feeds_list[0]
         return {name: self._pack([f[name] for f in feeds_list], loans) for name in feeds_list[0]}
 
-    def _split(self, outputs: list, t0: int, t1: int):
-        """(per-request outputs, (input_ns, infer_ns, output_ns)) of a batch run that began at t0 and ran from t1."""
+    def _split(self, outputs: list, t0: int, t1: int, run_ns: int = 0):
+        """(per-request outputs, (input_ns, infer_ns, output_ns)) of a batch packed from t0 to t1 whose run computed
+        from `run_ns` (t1 unless later)."""
         t2 = _now_ns()
         if len(self.feeds_list) == 1:
             per_request = [outputs]
         else:
             splits = [self.backend.scatter(out, self.counts) for out in outputs]
             per_request = [[s[i] for s in splits] for i in range(len(self.feeds_list))]
-        return per_request, (t1 - t0, t2 - t1, _now_ns() - t2)
+        return per_request, (t1 - t0, t2 - max(t1, run_ns), _now_ns() - t2)
 
     def _one_by_one(self, t0: int, t1: int):
         """The batch run failed: run each request alone, so that only the requests that fail get

@@ -128,12 +128,15 @@ class Lane:
 
     def _landed_reply(self, reply: Reply, tag: Any, result: Any, exc: BaseException | None, elapsed_ns: int) -> None:
         """`_finished` for a launched job (or its one-by-one re-run), on the loop thread. Of a job launched beside
-        another, only the time since the other's reply counts as busy: the lane's busy time stays wall time."""
+        another, only the time since the other's reply counts, as the lane's busy time and as the job's time in the
+        reply (the model's fair share): it waited in onnxruntime's pool meanwhile, and the lane's busy time stays
+        wall time."""
         self.flying -= 1
         self.busy = self._held or self.flying > 0
         now_ns = _now_ns()
-        self.busy_ns += min(elapsed_ns, now_ns - self._landed_ns)
+        elapsed_ns = min(elapsed_ns, now_ns - self._landed_ns)
         self._landed_ns = now_ns
+        self.busy_ns += elapsed_ns
         self.batches_run += 1
         reply(tag, self, result, exc, elapsed_ns)
 

@@ -5,6 +5,7 @@ counts their time once."""
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from gt_serve.backends import thread_state
 from gt_serve.backends.numpy_backend import NumpyBackend
 from gt_serve.backends.onnx_runner import OnnxRunner
+from gt_serve.execution import batch_job
 from gt_serve.execution.batch_job import BatchJob
 from gt_serve.execution.bound_job import BoundBatchJob
 from gt_serve.execution.lanes import Lane
@@ -230,13 +232,15 @@ def test_two_launched_jobs_at_once_count_their_time_once():
         jobs = [Gated("a"), Gated("b")]
         start_ns = time.perf_counter_ns()
         for tag, job in enumerate(jobs):
-            lane.launch(job, lambda tag, *rest: replies.put_nowait(tag), tag)
+            lane.launch(job, lambda tag, lane_, result, exc, elapsed_ns: replies.put_nowait((tag, elapsed_ns)), tag)
         for job in jobs:  # both computing at once
             assert await asyncio.to_thread(job.started.wait, WAIT_S)
         for job in jobs:
             job.gate.set()
-        assert {await asyncio.wait_for(replies.get(), WAIT_S) for _ in jobs} == {0, 1}
-        assert 0 < lane.busy_ns <= time.perf_counter_ns() - start_ns and not lane.busy
+        got = dict([await asyncio.wait_for(replies.get(), WAIT_S) for _ in jobs])
+        wall_ns = time.perf_counter_ns() - start_ns
+        assert set(got) == {0, 1} and not lane.busy
+        assert 0 < lane.busy_ns == sum(got.values()) <= wall_ns  # the busy time, and the jobs' times in the replies
     asyncio.run(main())
     asyncio.run(main())
 
@@ -263,3 +267,44 @@ def test_onnxruntimes_pool_thread_keeps_its_python_thread_state_between_callback
     assert marks(OnnxRunner(str(models["mlp"]), intra_op_threads=2)) == [None, 0, 1]
     assert thread_state.kept_count() == thread_state.KEPT_MAX
     assert marks(OnnxRunner(str(models["mlp"]), intra_op_threads=2)) == [None, None, None]  # past the cap
+
+
+class OnePoolThread:
+    """A runner whose `run_async` queues its runs for one thread, as onnxruntime's pool of two intra-op threads does:
+    each run computes once its gate opens, after the runs queued before it."""
+
+    def __init__(self):
+        self.runs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._work, daemon=True).start()
+
+    def run_async(self, feeds, output_names, done):
+        gate = threading.Event()
+        self.runs.put((gate, feeds, done))
+        return gate
+
+    def _work(self):
+        while True:
+            gate, feeds, done = self.runs.get()
+            assert gate.wait(WAIT_S)
+            done([feeds["INPUT"] * 2], None)
+
+
+def test_a_run_queued_behind_another_counts_its_compute_time_from_the_others_end(monkeypatch):
+    """Its statistics (and the energy charged from them) are the run's, not its wait in the pool's queue. The clock
+    is the test's: it reads 100 ns while both are launched, 5000 when the first computes, 5100 when the second."""
+    clock = [100]
+    monkeypatch.setattr(batch_job, "_now_ns", lambda: clock[0])
+    runner, finished, gates = OnePoolThread(), queue.SimpleQueue(), []
+    run_async = runner.run_async
+    runner.run_async = lambda *args: gates.append(run_async(*args))
+    jobs = [BatchJob(runner, NumpyBackend(), [rows(1, i)], [1], ["INPUT"], ["OUTPUT"]) for i in range(2)]
+    for job in jobs:
+        job.start(lambda result, exc: finished.put((result, exc)), lambda again: finished.put(("retry", again)))
+    timings = []
+    for at, gate in zip((5000, 5100), gates):
+        clock[0] = at
+        gate.set()
+        (_, timing), exc = finished.get(timeout=WAIT_S)
+        assert exc is None
+        timings.append(timing)
+    assert timings == [(0, 4900, 0), (0, 100, 0)]  # not 5000: the second computed once the first was done
