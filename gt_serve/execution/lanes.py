@@ -118,7 +118,11 @@ class Lane:
         """Bookkeeping for one finished job of the lane's thread or the loop's, on the loop thread (the only writer
         of these fields)."""
         self._held = False
-        self.busy = self.flying > 0
+        self._book(elapsed_ns)
+
+    def _book(self, elapsed_ns: int) -> None:
+        """The books of every finished job: busy while anything else of the lane's runs, its time, its count."""
+        self.busy = self._held or self.flying > 0
         self.busy_ns += elapsed_ns
         self.batches_run += 1
 
@@ -132,12 +136,10 @@ class Lane:
         reply (the model's fair share): it waited in onnxruntime's pool meanwhile, and the lane's busy time stays
         wall time."""
         self.flying -= 1
-        self.busy = self._held or self.flying > 0
         now_ns = _now_ns()
         elapsed_ns = min(elapsed_ns, now_ns - self._landed_ns)
         self._landed_ns = now_ns
-        self.busy_ns += elapsed_ns
-        self.batches_run += 1
+        self._book(elapsed_ns)
         reply(tag, self, result, exc, elapsed_ns)
 
     def _work(self) -> None:

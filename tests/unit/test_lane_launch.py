@@ -275,12 +275,12 @@ class OnePoolThread:
 
     def __init__(self):
         self.runs: queue.SimpleQueue = queue.SimpleQueue()
+        self.gates: list[threading.Event] = []  # one a run, in launch order
         threading.Thread(target=self._work, daemon=True).start()
 
     def run_async(self, feeds, output_names, done):
-        gate = threading.Event()
-        self.runs.put((gate, feeds, done))
-        return gate
+        self.gates.append(threading.Event())
+        self.runs.put((self.gates[-1], feeds, done))
 
     def _work(self):
         while True:
@@ -294,14 +294,12 @@ def test_a_run_queued_behind_another_counts_its_compute_time_from_the_others_end
     is the test's: it reads 100 ns while both are launched, 5000 when the first computes, 5100 when the second."""
     clock = [100]
     monkeypatch.setattr(batch_job, "_now_ns", lambda: clock[0])
-    runner, finished, gates = OnePoolThread(), queue.SimpleQueue(), []
-    run_async = runner.run_async
-    runner.run_async = lambda *args: gates.append(run_async(*args))
+    runner, finished = OnePoolThread(), queue.SimpleQueue()
     jobs = [BatchJob(runner, NumpyBackend(), [rows(1, i)], [1], ["INPUT"], ["OUTPUT"]) for i in range(2)]
     for job in jobs:
         job.start(lambda result, exc: finished.put((result, exc)), lambda again: finished.put(("retry", again)))
     timings = []
-    for at, gate in zip((5000, 5100), gates):
+    for at, gate in zip((5000, 5100), runner.gates):
         clock[0] = at
         gate.set()
         (_, timing), exc = finished.get(timeout=WAIT_S)
