@@ -92,9 +92,10 @@ class ServerConfig:
 class LanesConfig:
     cpu_lanes: int = 0  # 0 = chosen from the core count
     intra_op_threads: int = 0  # per lane; 0 = cores / lanes
-    # onnxruntime intra-op threads spin this long within a run before sleeping (0 = never spin; they never spin
-    # after a run). 0 by default: spinning cost ~25 % more CPU per inference at 1 client (issue #17)
-    spin_us: int = 0
+    # onnxruntime intra-op threads spin this long between the parallel sections of a run before sleeping (0 =
+    # never spin; they never spin after a run). A model of many small operators (a BERT-sized encoder) served
+    # 1.16-1.24x the inf/s at 0.92-1.02x the CPU with it, the sweep's mlp and convnet level (issue #17)
+    spin_us: int = 50
     # a batch of up to 7 rows whose runs take less than this (one row's runs times half the rows until such a batch
     # has run) runs on the event loop's thread instead of the lane's, unless requests wait and another lane of the
     # model is idle; a batch of several rows only while that measures cheaper (core/inline_choice.py; mlp at 4

@@ -274,9 +274,9 @@ def _session_options(ort, settings: Any, intra_op_threads: int, inter_op_threads
         opts.enable_cpu_mem_arena = settings.enable_mem_arena
     if getattr(settings, "enable_mem_pattern", None) is not None:
         opts.enable_mem_pattern = settings.enable_mem_pattern
-    # long-spinning worker threads burn the cores that the other lanes and the event loop need;
-    # a short spin keeps them awake between the parallel sections of one run (measured: MLP
-    # one-client p50 0.59 -> 0.49 ms with 50 us on 2 cores; 200 us cost throughput)
+    # long-spinning worker threads burn the cores that the other lanes and the event loop need; a short spin
+    # keeps them awake between the parallel sections of one run, where waking a sleeping thread for each
+    # section cost a model of many small operators a sixth of its throughput (issue #17, twenty-seventh pass)
     entries = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
     if spin_us > 0 and (intra is None or intra > 1):
         entries.update({"session.intra_op.allow_spinning": "1", "session.intra_op.spin_duration_us": str(int(spin_us)),
@@ -336,7 +336,22 @@ def _effective(opts, providers: list[str]) -> dict:
     return {"providers": list(providers), "intra_op_threads": opts.intra_op_num_threads,
             "inter_op_threads": opts.inter_op_num_threads, "execution_mode": str(opts.execution_mode).split(".")[-1],
             "graph_optimization_level": str(opts.graph_optimization_level).split(".")[-1],
-            "enable_cpu_mem_arena": opts.enable_cpu_mem_arena, "enable_mem_pattern": opts.enable_mem_pattern}
+            "enable_cpu_mem_arena": opts.enable_cpu_mem_arena, "enable_mem_pattern": opts.enable_mem_pattern,
+            "spin_us": _spin_us(opts)}
+
+
+def _spin_us(opts) -> int | None:
+    """How long the session's intra-op threads spin within a run: 0 = never, None = onnxruntime's own count."""
+    entries = {}
+    for key in ("session.intra_op.allow_spinning", "session.intra_op.spin_duration_us"):
+        try:
+            entries[key] = opts.get_session_config_entry(key)
+        except RuntimeError:  # not set: onnxruntime's default
+            pass
+    if entries.get("session.intra_op.allow_spinning", "1") == "0":
+        return 0
+    duration = entries.get("session.intra_op.spin_duration_us")
+    return int(duration) if duration is not None and duration.isdigit() else None
 
 
 def buffer_pointer(array) -> int:

@@ -192,8 +192,8 @@ def plan_cpu_lanes(cores: int, lanes: int = 0, intra_op_threads: int = 0) -> tup
     second lane kept taking the few requests that had come back while the first one computed and
     ran them as small, inefficient batches (mean batch 11 vs 31; CNN 1763 vs 1576 and MLP 17.7k vs
     12.7k requests/s with the lean client, gRPC MLP +33 %), for ~0.1 ms more single-request latency
-    on the MLP (p50 0.57 vs 0.48 ms), which the short spin of `lanes.spin_us` won back. That spin is off by
-    default since issue #17: at one client it cost ~25 % more CPU per inference (bench/perf_sweep.py).
+    on the MLP (p50 0.57 vs 0.48 ms), which the short spin of `lanes.spin_us` won back. That spin is within a
+    run only (it stops when the run returns): off for a while in issue #17, on again since its twenty-seventh pass.
     """
     cores = max(1, cores)
     if lanes <= 0:

@@ -20,6 +20,7 @@ from gt_serve.core.model_config_fields import (
     _repeated,
 )
 from gt_serve.core.response_cache import ResponseCache, request_key
+from gt_serve.config import LanesConfig
 from gt_serve.core.session_settings import session_settings
 from gt_serve.errors import ConfigError, GtServeError
 from gt_serve.types import InferRequest, RequestedOutput, Tensor
@@ -149,6 +150,28 @@ def test_runner_applies_settings_and_refuses_a_missing_provider(tmp_path):
                     '  cpu_execution_accelerator [ { name: "openvino" } ] } }')
     with pytest.raises(GtServeError, match="openvino"):
         OnnxRunner(str(path), settings=session_settings(cfg))
+
+
+def test_a_cpu_session_spins_within_a_run_unless_told_not_to(tmp_path):
+    """By default the intra-op threads spin lanes.spin_us between a run's parallel sections and stop when the
+    run returns; a model's own allow_spinning entry and a one-thread session spin not at all."""
+    path = tmp_path / "m.onnx"
+    mb.scale(path, factor=2.0, width=4)
+    spin_us = LanesConfig().spin_us
+    assert spin_us > 0
+    runner = OnnxRunner(str(path), intra_op_threads=2, spin_us=spin_us)
+    opts = runner.session.get_session_options()
+    assert runner.effective["spin_us"] == spin_us
+    assert opts.get_session_config_entry("session.force_spinning_stop") == "1"
+    runner.close()
+    assert OnnxRunner(str(path), intra_op_threads=2, spin_us=0).effective["spin_us"] == 0
+    cfg = _complete('max_batch_size: 8\n'
+                    'parameters { key: "session.intra_op.allow_spinning" value: { string_value: "0" } }\n')
+    assert OnnxRunner(str(path), intra_op_threads=2, spin_us=spin_us,
+                      settings=session_settings(cfg)).effective["spin_us"] == 0  # the config's entry wins
+    cfg = _complete('max_batch_size: 8\nparameters { key: "intra_op_thread_count" value: { string_value: "1" } }\n')
+    assert OnnxRunner(str(path), intra_op_threads=2, spin_us=spin_us,
+                      settings=session_settings(cfg)).effective["spin_us"] == 0  # nothing to wake
 
 
 def test_reshape_is_checked_and_applied(tmp_path):
