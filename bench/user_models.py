@@ -1,0 +1,196 @@
+"""Models of the kinds users serve, beyond the sweep's mlp and convnet, as a Triton-style repository for
+bench/perf_repo.py (issue #17: "we will run perf_analyzer ourselves ... with models and configs of our own").
+
+    python bench/user_models.py DIR
+    python bench/perf_repo.py --repository DIR --models encoder_nocfg,encoder_db \\
+        --pa-args "--input-data zero --shape input_ids:128 --shape attention_mask:128" --triton-venv /opt/triton-venv
+    python bench/perf_repo.py --repository DIR --models mobilenet --triton-venv /opt/triton-venv
+
+- `encoder_nocfg`, `encoder_db`: a BERT-sized text encoder (INT64 `input_ids`, `attention_mask` [B, S]; 2 layers,
+  hidden 128, 4 heads, FFN 512; `logits` [B, 2] and `pooled` [B, 128]; ~60 operators). The first has no
+  config.pbtxt (gt-serve completes it as Triton does: max_batch_size 4, no queue delay); the second has
+  max_batch_size 16, dims [-1] and a 2 ms queue delay.
+- `mobilenet`: a MobileNetV1-like classifier at width 0.5 (depthwise + pointwise convolutions), FP32 [B, 3, 224,
+  224] -> `logits` [B, 1000], max_batch_size 8, `dynamic_batching { }`.
+
+Both are models of many small operators: the twenty-seventh pass found them slow while onnxruntime's intra-op
+threads never spun (docs/DESIGN-NOTES.md). Weights are random (seeded); the numbers mean nothing.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HIDDEN, HEADS, FFN, LAYERS, VOCAB, MAX_SEQ = 128, 4, 512, 2, 8000, 512
+
+ENCODER_DB_CONFIG = """name: "encoder_db"
+platform: "onnxruntime_onnx"
+max_batch_size: 16
+input [
+  { name: "input_ids" data_type: TYPE_INT64 dims: [ -1 ] },
+  { name: "attention_mask" data_type: TYPE_INT64 dims: [ -1 ] }
+]
+output [
+  { name: "logits" data_type: TYPE_FP32 dims: [ 2 ] },
+  { name: "pooled" data_type: TYPE_FP32 dims: [ 128 ] }
+]
+dynamic_batching { max_queue_delay_microseconds: 2000 }
+"""
+
+MOBILENET_CONFIG = """name: "mobilenet"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "input" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
+output [ { name: "logits" data_type: TYPE_FP32 dims: [ 1000 ] } ]
+dynamic_batching { }
+"""
+
+
+class Graph:
+    """Nodes and initializers of one graph, with seeded random weights."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list = []
+        self.inits: list = []
+
+    def init(self, name: str, array) -> str:
+        from onnx import numpy_helper
+
+        array = np.asarray(array)
+        self.inits.append(numpy_helper.from_array(array.astype(np.float32) if array.dtype == np.float64 else array,
+                                                  name))
+        return name
+
+    def weight(self, name: str, shape, scale: float = 0.05) -> str:
+        return self.init(name, self.rng.standard_normal(shape) * scale)
+
+    def node(self, op: str, inputs: list[str], output: str, **attrs) -> str:
+        from onnx import helper
+
+        self.nodes.append(helper.make_node(op, inputs, [output], **attrs))
+        return output
+
+    def save(self, name: str, inputs: list, outputs: list, path: Path) -> None:
+        import onnx
+        from onnx import helper
+
+        model = helper.make_model(helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.inits),
+                                  opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 9
+        onnx.checker.check_model(model)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(model, str(path))
+
+
+def _embeddings(g: Graph) -> str:
+    """Token plus position embeddings, normalized: [B, S, HIDDEN]."""
+    g.weight("emb", (VOCAB, HIDDEN))
+    g.weight("pos", (MAX_SEQ, HIDDEN))
+    g.node("Gather", ["emb", "input_ids"], "tok")
+    g.node("Shape", ["input_ids"], "ids_shape")
+    g.init("one_i", np.array([1], np.int64))
+    g.init("two_i", np.array([2], np.int64))
+    g.init("zero_i", np.array([0], np.int64))
+    g.node("Slice", ["ids_shape", "one_i", "two_i"], "seq_len")
+    g.node("Slice", ["pos", "zero_i", "seq_len"], "pos_s")
+    g.node("Add", ["tok", "pos_s"], "x0")
+    return g.node("LayerNormalization", ["x0", g.init("ln_g", np.ones(HIDDEN)), g.init("ln_b", np.zeros(HIDDEN))],
+                  "x_in", axis=-1, epsilon=1e-12)
+
+
+def _mask_bias(g: Graph) -> None:
+    """`bias` [B, 1, 1, S]: 0 where attention_mask is 1, -10000 where it is 0."""
+    g.node("Cast", ["attention_mask"], "mask_f", to=1)  # FLOAT
+    g.node("Sub", [g.init("one_f", np.array(1.0, np.float32)), "mask_f"], "inv")
+    g.node("Mul", ["inv", g.init("neg", np.array(-10000.0, np.float32))], "bias2")
+    g.node("Unsqueeze", ["bias2", g.init("ax12", np.array([1, 2], np.int64))], "bias")
+    g.init("hshape", np.array([0, 0, HEADS, HIDDEN // HEADS], np.int64))
+    g.init("mshape", np.array([0, 0, HIDDEN], np.int64))
+    g.init("scale", np.array(1.0 / np.sqrt(HIDDEN // HEADS), np.float32))
+
+
+def _dense(g: Graph, x: str, name: str, n_in: int, n_out: int) -> str:
+    m = g.node("MatMul", [x, g.weight(name + "_w", (n_in, n_out))], name + "_m")
+    return g.node("Add", [m, g.weight(name + "_b", (n_out,))], name + "_a")
+
+
+def _norm(g: Graph, x: str, name: str) -> str:
+    scale, bias = g.init(name + "_g", np.ones(HIDDEN)), g.init(name + "_b", np.zeros(HIDDEN))
+    return g.node("LayerNormalization", [x, scale, bias], name, axis=-1)
+
+
+def _layer(g: Graph, x: str, p: str) -> str:
+    """One encoder layer: multi-head self-attention, then the feed-forward block, each with residual and norm."""
+    heads = []
+    for n, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        r = g.node("Reshape", [_dense(g, x, p + n, HIDDEN, HIDDEN), "hshape"], p + n + "_r")
+        heads.append(g.node("Transpose", [r], p + n + "_t", perm=perm))
+    s = g.node("Mul", [g.node("MatMul", heads[:2], p + "s"), "scale"], p + "ss")
+    probs = g.node("Softmax", [g.node("Add", [s, "bias"], p + "sb")], p + "p", axis=-1)
+    c = g.node("Transpose", [g.node("MatMul", [probs, heads[2]], p + "c")], p + "ct", perm=[0, 2, 1, 3])
+    c = g.node("Reshape", [c, "mshape"], p + "cr")
+    x1 = _norm(g, g.node("Add", [x, _dense(g, c, p + "o", HIDDEN, HIDDEN)], p + "r1"), p + "n1")
+    f = g.node("Relu", [_dense(g, x1, p + "f1", HIDDEN, FFN)], p + "fr")
+    return _norm(g, g.node("Add", [x1, _dense(g, f, p + "f2", FFN, HIDDEN)], p + "r2"), p + "n2")
+
+
+def encoder(path: Path, seed: int = 0) -> None:
+    """The BERT-sized text classifier described above, written to `path`."""
+    from onnx import TensorProto, helper
+
+    g = Graph(seed)
+    x = _embeddings(g)
+    _mask_bias(g)
+    for layer in range(LAYERS):
+        x = _layer(g, x, f"l{layer}_")
+    cls = g.node("Gather", [x, g.init("idx0", np.array(0, np.int64))], "cls", axis=1)
+    g.node("Tanh", [_dense(g, cls, "pool", HIDDEN, HIDDEN)], "pooled")
+    g.node("Identity", [_dense(g, "pooled", "cls_head", HIDDEN, 2)], "logits")
+    ins = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+           for n in ("input_ids", "attention_mask")]
+    outs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2]),
+            helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", HIDDEN])]
+    g.save("encoder", ins, outs, path)
+
+
+def _conv(g: Graph, x: str, cin: int, cout: int, k: int, stride: int, group: int, name: str) -> str:
+    fan_in = cin // group * k * k
+    w = g.init(name + "_w", g.rng.standard_normal((cout, cin // group, k, k)) * np.sqrt(2.0 / fan_in))
+    conv = g.node("Conv", [x, w, g.init(name + "_b", np.zeros(cout))], name, kernel_shape=[k, k],
+                  strides=[stride, stride], pads=[k // 2] * 4, group=group)
+    return g.node("Relu", [conv], name + "_r")
+
+
+def mobilenet(path: Path, seed: int = 0) -> None:
+    """The MobileNetV1-like classifier described above, written to `path`."""
+    from onnx import TensorProto, helper
+
+    g = Graph(seed)
+    x, c = _conv(g, "input", 3, 16, 3, 2, 1, "c0"), 16
+    blocks = [(32, 1), (64, 2), (64, 1), (128, 2), (128, 1), (256, 2)] + [(256, 1)] * 5 + [(512, 2), (512, 1)]
+    for i, (cout, stride) in enumerate(blocks):
+        x = _conv(g, _conv(g, x, c, c, 3, stride, c, f"dw{i}"), c, cout, 1, 1, 1, f"pw{i}")
+        c = cout
+    flat = g.node("Flatten", [g.node("GlobalAveragePool", [x], "gap")], "flat", axis=1)
+    g.node("Gemm", [flat, g.weight("fc_w", (c, 1000), 0.01), g.init("fc_b", np.zeros(1000))], "logits")
+    g.save("mobilenet", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 224, 224])],
+           [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1000])], path)
+
+
+def build(root: Path) -> Path:
+    """The three models above as a Triton-style repository under `root`."""
+    encoder(root / "encoder_nocfg" / "1" / "model.onnx")
+    encoder(root / "encoder_db" / "1" / "model.onnx")
+    (root / "encoder_db" / "config.pbtxt").write_text(ENCODER_DB_CONFIG)
+    mobilenet(root / "mobilenet" / "1" / "model.onnx")
+    (root / "mobilenet" / "config.pbtxt").write_text(MOBILENET_CONFIG)
+    return root
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python bench/user_models.py DIR")
+    print(build(Path(sys.argv[1])))

@@ -1,0 +1,71 @@
+"""bench/user_models.py: the users' kinds of models that bench/perf_repo.py measures (a BERT-sized text encoder with
+and without config.pbtxt, a MobileNet-like classifier) build, run in onnxruntime, and load in gt-serve as Triton
+would complete them (issue #17: "with models and configs of our own")."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import perf_repo  # noqa: E402
+import user_models  # noqa: E402
+
+from gt_serve.backends.onnx_runner import OnnxRunner  # noqa: E402
+from gt_serve.core.model_config import complete_config, parse_pbtxt  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    return user_models.build(tmp_path_factory.mktemp("users"))
+
+
+def _session(repo: Path, model: str):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(repo / model / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+
+
+def _completed(repo: Path, model: str):
+    runner = OnnxRunner(str(repo / model / "1" / "model.onnx"), intra_op_threads=1)
+    path = repo / model / "config.pbtxt"
+    text = path.read_text() if path.exists() else ""
+    cfg = complete_config(parse_pbtxt(text, model), model, runner.inputs, runner.outputs, "max_batch_size" in text)
+    runner.close()
+    return cfg
+
+
+def test_the_repository_holds_the_three_models(repo):
+    assert perf_repo.repository_models(repo) == ["encoder_db", "encoder_nocfg", "mobilenet"]
+
+
+def test_the_encoder_runs_any_sequence_length_and_reads_its_mask(repo):
+    sess = _session(repo, "encoder_nocfg")
+    ids = np.arange(2 * 16, dtype=np.int64).reshape(2, 16) % user_models.VOCAB
+    full = np.ones((2, 16), np.int64)
+    logits, pooled = sess.run(None, {"input_ids": ids, "attention_mask": full})
+    assert logits.shape == (2, 2) and pooled.shape == (2, user_models.HIDDEN)
+    half = full.copy()
+    half[:, 8:] = 0  # the last 8 tokens masked out: a different answer
+    assert not np.allclose(sess.run(None, {"input_ids": ids, "attention_mask": half})[0], logits)
+    long_ids = np.zeros((1, 128), np.int64)
+    assert sess.run(None, {"input_ids": long_ids, "attention_mask": np.ones_like(long_ids)})[0].shape == (1, 2)
+
+
+def test_the_mobilenet_classifies_a_batch_of_images(repo):
+    (logits,) = _session(repo, "mobilenet").run(None, {"input": np.zeros((2, 3, 224, 224), np.float32)})
+    assert logits.shape == (2, 1000)
+
+
+def test_gt_serve_completes_their_configs_as_triton_would(repo):
+    nocfg = _completed(repo, "encoder_nocfg")
+    assert nocfg.max_batch_size == 4  # Triton's default for a model without config.pbtxt
+    assert [(t.name, list(t.dims)) for t in nocfg.input] == [("input_ids", [-1]), ("attention_mask", [-1])]
+    db = _completed(repo, "encoder_db")
+    assert (db.max_batch_size, db.dynamic_batching.max_queue_delay_microseconds) == (16, 2000)
+    mobilenet = _completed(repo, "mobilenet")
+    assert mobilenet.max_batch_size == 8 and [list(t.dims) for t in mobilenet.output] == [[1000]]
