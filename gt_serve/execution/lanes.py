@@ -38,7 +38,6 @@ class Lane:
     device: str  # "cpu" or "gpu:<id>"
     loop: asyncio.AbstractEventLoop
     stream: Any = None  # cupy Stream on GPU lanes
-    busy: bool = False
     batches_run: int = 0
     launched: int = 0  # of those, batches launched into onnxruntime's pool from the loop (`launch`)
     busy_ns: int = 0
@@ -56,20 +55,20 @@ class Lane:
 
     def submit(self, job: Callable[[], Any], reply: Reply, tag: Any) -> None:
         """Queue `job`; `reply(tag, self, result, exc, elapsed_ns)` runs on the loop when it is done."""
-        self.busy = self._held = True
+        self._held = True
         self._jobs.put((job, self._finished, reply, tag))
 
     def run_here(self, job: Callable[[], Any], reply: Reply, tag: Any) -> None:
         """Run `job` on the calling thread (the loop's) now; `reply` comes in the loop's next turn, as from the
         lane thread. For a lone job shorter than the two thread hand-offs it saves (the caller decides)."""
-        self.busy = self._held = True
+        self._held = True
         timed = self._timed(job, Exception)  # the batch fails, the loop lives on
         self.loop.call_soon(self._finished, reply, tag, *timed)
 
     def run_now(self, job: Callable[[], Any]) -> tuple[Any, BaseException | None, int]:
         """`run_here` with no reply to wait for: run `job` on the calling thread (the loop's) and book it at once;
         (result, None, elapsed_ns) or (None, what it raised, elapsed_ns)."""
-        self.busy = self._held = True
+        self._held = True
         timed = self._timed(job, Exception)  # the request fails, the loop lives on
         self.finish(timed[2])
         return timed
@@ -79,7 +78,6 @@ class Lane:
         and computes on a thread of onnxruntime's pool, so the run starts without waking the lane thread and waiting
         for the GIL to pass to it. `reply` comes as from the lane thread; a failed batch of several requests is
         re-run one request at a time on the lane thread, still counted in `flying` until it replies."""
-        self.busy = True
         self.flying += 1
         self.launched += 1
         start_ns = _now_ns()
@@ -110,6 +108,11 @@ class Lane:
             self._landing.notify_all()
 
     @property
+    def busy(self) -> bool:
+        """A job of the lane's thread or the loop's runs, or a launched one has not replied yet."""
+        return self._held or self.flying > 0
+
+    @property
     def spare(self) -> bool:
         """Busy with launched jobs only, fewer than LAUNCH_DEPTH: it may take one more launched job."""
         return not self._held and 0 < self.flying < LAUNCH_DEPTH
@@ -121,8 +124,7 @@ class Lane:
         self._book(elapsed_ns)
 
     def _book(self, elapsed_ns: int) -> None:
-        """The books of every finished job: busy while anything else of the lane's runs, its time, its count."""
-        self.busy = self._held or self.flying > 0
+        """The books of every finished job: its time, its count."""
         self.busy_ns += elapsed_ns
         self.batches_run += 1
 

@@ -13,10 +13,11 @@ WAIT_S = 10.0
 
 
 def test_finish_keeps_the_books():
-    lane = Lane("cpu.0", "cpu", loop=None)
-    lane.busy = True
+    lane = Lane("cpu.0", "cpu", loop=None)  # not started: a submitted job waits in its queue
+    lane.submit(lambda: None, None, None)
+    assert lane.busy
     lane.finish(1_500)
-    lane.busy = True
+    lane.submit(lambda: None, None, None)
     lane.finish(500)
     assert (lane.busy, lane.busy_ns, lane.batches_run) == (False, 2_000, 2)
 
