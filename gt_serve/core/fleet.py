@@ -68,8 +68,11 @@ class FleetRouter:
     def clock(self) -> Callable[[], float]:
         return self._clock
 
-    def peers_for(self, model: str, now_s: float) -> list[PeerInfo]:
-        serving = [p for p in self.view.live_peers(now_s) if _serves(p, model) and _grpc_endpoint(p)]
+    def peers_for(self, model: str, now_s: float, exclude: set[str] | frozenset[str] = frozenset()) -> list[PeerInfo]:
+        """Live peers that serve `model`, less `exclude`; the ejected ones only when no other is left
+        (exclusion first: a retry whose healthy peers all failed still has the ejected ones)."""
+        serving = [p for p in self.view.live_peers(now_s)
+                   if p.node not in exclude and _serves(p, model) and _grpc_endpoint(p)]
         healthy = [p for p in serving if not self.outliers.ejected(p.node, now_s)]
         return healthy or serving
 
@@ -80,7 +83,7 @@ class FleetRouter:
     def choose(self, model: str, batch_size: int, exclude: set[str] | frozenset[str] = frozenset()) -> PeerTarget | None:
         """None = serve here; else the peer to forward to. Raises Unavailable when nobody can."""
         now_s = self._clock()
-        peers = [p for p in self.peers_for(model, now_s) if p.node not in exclude]
+        peers = self.peers_for(model, now_s, exclude)
         local = None if LOCAL in exclude else self._local_row(model, now_s)
         if not peers:
             return None

@@ -8,7 +8,9 @@ slow attempts hedged, and no node visited twice.
   * an attempt still waiting after ``slow_after_s`` (a multiple of the peer's recent median) counts
     against the peer (outlier ejection) and a second attempt is started elsewhere (a hedge); the
     first answer wins and the other attempt is cancelled;
-  * an error answer from a peer (PeerUnavailable) counts against it and the request is re-routed.
+  * an error answer from a peer (PeerUnavailable) counts against it and the request is re-routed;
+  * an ejected peer is passed over while another live, unvisited peer serves the model, and taken
+    when none does (FleetRouter.peers_for): a retry is never refused while a live peer could answer.
 One deadline covers the whole fleet path: the request's own (its ``timeout`` parameter or gRPC
 deadline), else ``fleet.budget_s``; each forward is given what is left, and a retry or a hedge is
 started only when the target's expected answer time still fits in it. The visited nodes (this one

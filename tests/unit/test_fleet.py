@@ -276,3 +276,15 @@ def test_a_replica_placed_for_this_nodes_load_gets_every_other_request_for_its_t
     clock[0] += 3.0  # the trial is over: the estimates decide again
     assert [f.choose(MODEL, 1) for _ in range(4)] == [None] * 4
     assert f.decisions == {"a": 11, "b": 3}
+
+
+@pytest.mark.asyncio
+async def test_an_ejected_peer_still_serves_when_the_healthy_ones_have_failed() -> None:
+    # The one healthy peer fails and the other was ejected (say, slow under the load the first one
+    # left it): the retry must go to the ejected peer, live and able to answer, not give up.
+    f, peers = fleet({"b": 1.0, "c": 5.0}), Peers()
+    f.mark_failed("c")  # ejected, still live
+    peers.behaviour["b"] = "fail"
+    response = await call(f, peers, request())
+    assert response.parameters["gt_served_by"] == "c"
+    assert [c[0] for c in peers.calls] == ["b", "c"]  # the healthy peer first, as before
