@@ -94,8 +94,8 @@ class OnnxRunner:
         threads = self.effective["intra_op_threads"] or (os.cpu_count() or 1)
         self.runs_async = (self.provider == "CPUExecutionProvider" and threads >= 2
                            and hasattr(self.session, "run_async"))
-        # reshaped tensors take the plain path (run() reshapes them)
-        self.bindable = all(t.type in ORT_TO_NUMPY for t in (*ins, *outs)) and not (self._in_reshape or self._out_reshape)
+        # a config's reshapes are views of the bound buffers (_bind_and_run applies them)
+        self.bindable = all(t.type in ORT_TO_NUMPY for t in (*ins, *outs))
         # dim 0 that is symbolic in every input is the batch; an output whose dim 0 carries the same
         # symbol (or is unnamed where the inputs' are) is sized from the batch before the run
         batch_symbols = {i.shape[0] for i in ins if i.shape and not isinstance(i.shape[0], int)}
@@ -199,9 +199,13 @@ class OnnxRunner:
         device = "cuda" if self.on_gpu else "cpu"
         device_id = self.device_id if self.on_gpu else 0
         rows = None
+        bound = []  # the arrays bound by pointer, held until the run is over (a reshape may have copied)
         for name, array in inputs.items():
+            if name in self._in_reshape:
+                array = self._reshaped(array, self._in_reshape[name])
             if rows is None and array.ndim:
                 rows = array.shape[0]
+            bound.append(array)
             io.bind_input(name, device, device_id, array.dtype, list(array.shape), buffer_pointer(array))
         results: list = []
         for name in names:
@@ -222,7 +226,7 @@ class OnnxRunner:
         finally:  # the pooled input buffers go back to their pools after this call
             io.clear_binding_inputs()
             io.clear_binding_outputs()
-        return results
+        return self._graph_outputs(names, results) if self._out_reshape else results
 
     def close(self) -> None:
         self.session = None

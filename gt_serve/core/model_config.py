@@ -111,14 +111,24 @@ def _merge_tensors(cfg, tensors, graph: list, what: str, name: str) -> None:
             raise ConfigError(f"model '{name}': {what} '{t.name}' has data_type "
                               f"{mc.DataType.Name(t.data_type)} in the config but {g.datatype} in the ONNX graph")
         if not t.dims and not t.HasField("reshape"):
-            t.dims.extend(g.dims[skip:])
+            _complete_dims(t, g.dims[skip:], skip)
         _check_reshape(t, g.dims[skip:], what, name)
     for g in graph:
         if g.name not in existing:
             t = tensors.add()
             t.name = g.name
             t.data_type = _V2_TO_TYPE.get(g.datatype, mc.TYPE_INVALID)
-            t.dims.extend(g.dims[skip:])
+            _complete_dims(t, g.dims[skip:], skip)
+
+
+def _complete_dims(t, graph_dims, batched: int) -> None:
+    """The dims a tensor without them gets, as Triton's onnxruntime backend completes them: the graph's
+    (less the batch dimension); a batching model's tensor of the batch dimension alone ([N], e.g. an
+    ArgMax) gets dims [1] with an empty reshape, so clients send and receive [N, 1]."""
+    t.dims.extend(graph_dims)
+    if not graph_dims and batched:
+        t.dims.append(1)
+        t.reshape.SetInParent()
 
 
 @dataclass(frozen=True)

@@ -182,8 +182,10 @@ def test_reshape_is_checked_and_applied(tmp_path):
     spec = spec_from_config(_complete(text), tmp_path)
     assert spec.inputs["INPUT"].dims == (2, 2) and spec.outputs["OUTPUT"].dims == (4, 1)
     runner = OnnxRunner(str(path), settings=spec.session)
-    assert not runner.bindable  # reshaped tensors take the plain path
     (out,) = runner.run({"INPUT": np.ones((3, 2, 2), np.float32)})
+    assert out.shape == (3, 4, 1) and np.all(out == 2)
+    assert runner.bindable  # the bound path (GPU lanes, `io_binding: always`) reshapes views of its buffers
+    (out,) = runner.run_bound({"INPUT": np.ones((3, 2, 2), np.float32)}, None, np.empty)
     assert out.shape == (3, 4, 1) and np.all(out == 2)
     with pytest.raises(ConfigError, match="does not match the ONNX graph"):
         _complete('max_batch_size: 8\ninput [ { name: "INPUT" dims: [ 5 ] reshape { shape: [ 5 ] } } ]')
@@ -278,3 +280,36 @@ def test_batching_a_graph_with_a_fixed_first_dimension_names_the_tensor():
         complete_config(cfg, "m", GRAPH_IN, graph_out, True)
     message = str(info.value)
     assert "output 'sum' [1, 1]" in message and "'OUTPUT'" not in message and "max_batch_size: 0" in message
+
+
+def test_a_tensor_of_the_batch_dimension_alone_completes_as_triton_does(tmp_path):
+    """Triton's onnxruntime backend completes a graph tensor [N] of a batching model as dims [1] with
+    `reshape { shape: [ ] }`: clients send and receive [N, 1], the graph takes and gives [N]."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    path = tmp_path / "m.onnx"
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["INPUT", "AXES"], ["SUM"], keepdims=0),
+         helper.make_node("Mul", ["SUM", "WEIGHT"], ["SCALED"])],
+        "g", [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["N", 4]),
+              helper.make_tensor_value_info("WEIGHT", TensorProto.FLOAT, ["N"])],
+        [helper.make_tensor_value_info("SCALED", TensorProto.FLOAT, ["N"])],
+        [helper.make_tensor("AXES", TensorProto.INT64, [1], [1])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    graph_in = [GraphTensor("INPUT", "FP32", (-1, 4)), GraphTensor("WEIGHT", "FP32", (-1,))]
+    graph_out = [GraphTensor("SCALED", "FP32", (-1,))]
+    cfg = complete_config(parse_pbtxt("", "test"), "m", graph_in, graph_out, False)
+    by_name = {t.name: t for t in (*cfg.input, *cfg.output)}
+    assert list(by_name["INPUT"].dims) == [4] and not by_name["INPUT"].HasField("reshape")
+    for name in ("WEIGHT", "SCALED"):
+        assert list(by_name[name].dims) == [1] and by_name[name].HasField("reshape")
+        assert list(by_name[name].reshape.shape) == []
+    spec = spec_from_config(cfg, tmp_path)
+    assert spec.inputs["WEIGHT"].dims == (1,) and spec.outputs["SCALED"].dims == (1,)
+    runner = OnnxRunner(str(path), settings=spec.session)
+    feeds = {"INPUT": np.ones((3, 4), np.float32), "WEIGHT": np.full((3, 1), 2.0, np.float32)}
+    for (out,) in (runner.run(feeds), runner.run_bound(feeds, None, np.empty)):
+        assert out.shape == (3, 1) and np.all(out == 8.0)
+    unbatched = complete_config(parse_pbtxt("max_batch_size: 0", "test"), "m", graph_in, graph_out, True)
+    assert [list(t.dims) for t in unbatched.output] == [[-1]]  # no batch dimension to take off
