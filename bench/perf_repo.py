@@ -3,6 +3,7 @@ and, with --triton-venv, by Triton 2.51 running the same ONNX file in its Python
 in one run (issue #17: "we will run perf_analyzer ourselves ... with models and configs of our own").
 
     python bench/perf_repo.py --repository DIR [--models a,b] [--pa-args "--input-data zero"]
+                              [--model-pa-args 'encoder=--shape input_ids:128 --shape attention_mask:128']
                               [--protocols http,grpc] [--concurrency 1,16,64] [--triton-venv /opt/triton-venv]
                               [--runs 3]
 
@@ -12,8 +13,9 @@ gets that config with `backend: "python"` and bench/triton_onnx_model.py beside 
 outputs, batched as gt-serve batches), so both servers batch the same way. Raw onnxruntime runs the highest version's
 file with zeros for integer and boolean inputs (an index of 0 is in range for any Gather) and normal noise for
 floating-point ones, at batch 1 and at batch 8 and max_batch_size (none for a model that does not batch); a
-variable dimension takes its size from a `--shape NAME:DIMS` in --pa-args, else 1. --pa-args go to every
-perf_analyzer call: give models that need different arguments their own runs. perf_analyzer sends random data
+variable dimension takes its size from a `--shape NAME:DIMS` in its perf_analyzer arguments, else 1. --pa-args go
+to every perf_analyzer call; `--model-pa-args MODEL=ARGS` (repeatable) go after them to that model's calls only.
+perf_analyzer sends random data
 unless told otherwise: an integer input used as an index wants `--input-data zero`. BYTES inputs: no raw baseline,
 and no Triton side: the Python backend stub of the nvidia-pytriton 0.7.0 wheel dies decoding a BYTES input
 ("unpack_from requires a buffer of at least ... bytes" in deserialize_bytes_tensor; perf_analyzer then reads "Stub
@@ -143,11 +145,24 @@ def raw_inputs(config: dict, shapes: dict[str, list[int]]) -> tuple[Callable[[in
     return feed, batches
 
 
+def model_pa_args(given: list[str], models: list[str], error: Callable[[str], None]) -> dict[str, list[str]]:
+    """`--model-pa-args MODEL=ARGS` values as {model: [args]}; a model not measured is an error."""
+    out: dict[str, list[str]] = {}
+    for item in given:
+        model, sep, args = item.partition("=")
+        if not sep or model not in models:
+            error(f"--model-pa-args {item!r}: expected MODEL=ARGS with MODEL one of {models}")
+        out.setdefault(model, []).extend(shlex.split(args))
+    return out
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repository", required=True, type=Path, help="a Triton-style repository of ONNX models")
     p.add_argument("--models", default="", help="default: every model of the repository with an ONNX file")
     p.add_argument("--pa-args", default="", help="more perf_analyzer arguments, one string (shell quoting)")
+    p.add_argument("--model-pa-args", action="append", default=[], metavar="MODEL=ARGS",
+                   help="more perf_analyzer arguments for one model, after --pa-args (repeatable)")
     perf_sweep.sweep_arguments(p)
     a = p.parse_args()
     a.repository = a.repository.resolve()
@@ -157,6 +172,7 @@ def parse_args() -> argparse.Namespace:
     if unknown or not a.models:
         p.error(f"no ONNX model {sorted(unknown)} in {a.repository}; it has {known}")
     a.pa_args = shlex.split(a.pa_args)
+    a.model_pa_args = model_pa_args(a.model_pa_args, a.models, p.error)
     a.gt_args = explicit_loads(a.models)
     return perf_sweep.sweep_settings(a)
 
@@ -167,10 +183,10 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="gt_perf_repo_"))
     configs = completed_configs(a.repository, a.models, tmp, a.gt_config)
     triton_repo = triton_mirror(a.repository, tmp / "triton_repo", configs) if a.triton_venv else None
-    shapes = shapes_given(a.pa_args)
-    inputs = {m: raw_inputs(configs[m], shapes) for m in a.models}
+    inputs = {m: raw_inputs(configs[m], shapes_given([*a.pa_args, *a.model_pa_args.get(m, ())])) for m in a.models}
     perf_sweep.run_sweeps(a, pa, a.repository, triton_repo, tmp,
-                          {"sweep": "perf_repo", "repository": str(a.repository), "pa_args": a.pa_args}, inputs)
+                          {"sweep": "perf_repo", "repository": str(a.repository), "pa_args": a.pa_args,
+                           "model_pa_args": a.model_pa_args}, inputs)
 
 
 if __name__ == "__main__":

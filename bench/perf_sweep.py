@@ -253,8 +253,10 @@ def sweep(pa: str, srv: sweep_servers.Served, a: argparse.Namespace, rapl: RaplM
     and the less stolen of the two kept (the same for every server: steal says how fast the machine was, not how
     fast the server)."""
     points = []
-    extra = getattr(a, "pa_args", ())  # bench/perf_repo.py's --pa-args
+    common = getattr(a, "pa_args", ())  # bench/perf_repo.py's --pa-args, and its --model-pa-args per model
+    per_model = getattr(a, "model_pa_args", {})
     for model in a.models:
+        extra = [*common, *per_model.get(model, ())]
         for protocol in a.protocols:
             for conc in a.concurrency:
                 point = server_point(pa, srv, protocol, model, conc, a.interval_ms, rapl, workdir, extra)

@@ -2,9 +2,9 @@
 bench/perf_repo.py (issue #17: "we will run perf_analyzer ourselves ... with models and configs of our own").
 
     python bench/user_models.py DIR
-    python bench/perf_repo.py --repository DIR --models encoder_nocfg,encoder_db \\
-        --pa-args "--input-data zero --shape input_ids:128 --shape attention_mask:128" --triton-venv /opt/triton-venv
-    python bench/perf_repo.py --repository DIR --models mobilenet --triton-venv /opt/triton-venv
+    python bench/perf_repo.py --repository DIR --triton-venv /opt/triton-venv \\
+        --model-pa-args "encoder_nocfg=--input-data zero --shape input_ids:128 --shape attention_mask:128" \\
+        --model-pa-args "encoder_db=--input-data zero --shape input_ids:128 --shape attention_mask:128"
 
 - `encoder_nocfg`, `encoder_db`: a BERT-sized text encoder (INT64 `input_ids`, `attention_mask` [B, S]; 2 layers,
   hidden 128, 4 heads, FFN 512; `logits` [B, 2] and `pooled` [B, 128]; ~60 operators). The first has no

@@ -91,3 +91,14 @@ def test_variable_dimensions_take_perf_analyzers_shape_arguments():
     assert perf_repo.raw_inputs(config, {})[0](1)["TOKENS"].shape == (1, 1)  # not given: 1
     strings = {"max_batch_size": 0, "input": [{"name": "S", "data_type": "TYPE_STRING", "dims": [1]}]}
     assert perf_repo.raw_inputs(strings, {}) is None
+
+
+def test_a_models_own_perf_analyzer_arguments_are_its_alone():
+    errors = []
+    given = ["enc=--shape TOKENS:128 --input-data zero", "enc=--shape=TEXT:2,7", "img=-b 2"]
+    per_model = perf_repo.model_pa_args(given, ["enc", "img", "mlp"], errors.append)
+    assert per_model == {"enc": ["--shape", "TOKENS:128", "--input-data", "zero", "--shape=TEXT:2,7"],
+                         "img": ["-b", "2"]} and not errors
+    assert perf_repo.shapes_given(per_model["enc"]) == {"TOKENS": [128], "TEXT": [2, 7]}
+    perf_repo.model_pa_args(["nope=-b 2", "enc"], ["enc"], errors.append)
+    assert len(errors) == 2 and all("MODEL=ARGS" in e for e in errors)
