@@ -1,5 +1,7 @@
-"""Whether a CPU model's small batches of several requests run on the event loop's thread or on the lane's (issue
-#17, seventeenth pass).
+"""Whether a CPU model's small batches of several requests run on the event loop's thread or the way they go
+otherwise: the lane's thread, or launched into onnxruntime's pool where the model's batches are (issue #17,
+seventeenth pass; launched since the twenty-eighth: a tree ensemble's batches of 4 rows, ~15 us of compute in raw
+onnxruntime, were all launched; on the loop they served 1.4-2.2x the inf/s at 0.5-0.7x the CPU).
 
 Run on the loop (`Lane.run_here`), a small batch of a fast model saves the hand-off to the lane thread and back (two
 thread wake-ups, the GIL passed both ways): mlp at 4 perf_analyzer clients took 0.78x the server's CPU per inference

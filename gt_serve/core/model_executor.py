@@ -119,7 +119,7 @@ class ModelExecutor:
             lane.launch(job, self._complete, batch)
             return
         fits = launchable and launch.fits(batch)
-        if self._inline_max_ns and self._inline(batch, lane, fits and launch.launching):
+        if self._inline_max_ns and self._inline(batch, lane):
             batch.inline = True
             lane.run_here(job, self._complete, batch)
             return
@@ -183,11 +183,12 @@ class ModelExecutor:
         self._scheduler.finished(self, elapsed_ns)
         return self._completion.lone(batch, lane, result, exc)
 
-    def _inline(self, batch: Batch, lane: Any, launching: bool) -> bool:
+    def _inline(self, batch: Batch, lane: Any) -> bool:
         """Whether the loop runs `batch` itself: a lone row by `_runs_inline`; a small batch of several rows by it
-        and by InlineChoice, which measures both ways (unless the model's batches are launched). Counts the batch."""
+        and by InlineChoice, which measures the loop against the way the batch goes otherwise: the lane's thread, or
+        launched where the model's batches are. Counts the batch."""
         rows = batch.size
-        small = rows > 1 and not launching and self._runs_inline(batch, lane)
+        small = rows > 1 and self._runs_inline(batch, lane)
         self._inline_choice.counted(rows, small)
         return self._inline_choice.inline if small else rows == 1 and self._runs_inline(batch, lane)
 
@@ -208,21 +209,22 @@ class ModelExecutor:
 
     def _inline_ns(self, key: tuple, rows: int) -> int:
         """How long a batch of `rows` rows of shape `key` is expected to run: the moving average of such batches'
-        runs (`_note_run`); for several rows that have not run inline yet, one row's times half the rows, rounded
+        runs (`_note_run`); for several rows not timed yet, one row's times half the rows, rounded
         up (a batch of 8 mlp rows ran in ~2.6 times one row's time: a guess on the safe side). Unknown: the bound."""
         lone_ns = self._lone_ns.get(key, self._inline_max_ns)
         if rows == 1:
             return lone_ns
         return self._rows_ns.get((key, rows), lone_ns * ((rows + 1) // 2))
 
-    def _complete(self, batch: Batch, lane: Any, result: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+    def _complete(self, batch: Batch, lane: Any, result: Any, exc: BaseException | None, elapsed_ns: int,
+                  cpu_ns: int | None = None) -> None:
         """The lane's reply, on the loop: the scheduler first (the lane's next batch starts now and computes while
         this one's answers are written), then the batch's futures, and once their answers are out the window in which
         their clients are expected back (`_answered`)."""
         self.in_flight -= 1
         rows = self._last_rows = batch.size
         if self._inline_max_ns and rows <= INLINE_ROWS and not batch.launch:
-            self._note_run(batch, elapsed_ns)
+            self._note_run(batch, elapsed_ns, cpu_ns)
         if batch.launch is not None and exc is None:
             self._launch.ran(batch, batch.launch, elapsed_ns)
         expect = self._answered(batch, elapsed_ns)
@@ -267,24 +269,27 @@ class ModelExecutor:
         else:
             self.batcher.answers_out(_now_ns())
 
-    def _note_run(self, batch: Batch, elapsed_ns: int) -> None:
-        """The moving average of a shape's run time at the batch's rows: what an inline run took, or a lane run that
-        was faster than the average. A lane run also times the hand-off's cold caches on the other core (and for
-        several rows the GIL's waits): if it counted as much, a shape near the bound would stay on the lane because
-        it runs there (seen at one client over gRPC on a busy machine: a sixth of the lone rows on the lane, 0.35
-        against 0.22 ms a run). So a lane run of several rows sets no average where none is: the guess stands."""
+    def _note_run(self, batch: Batch, elapsed_ns: int, cpu_ns: int | None = None) -> None:
+        """The moving average of a shape's run time at the batch's rows: what an inline run took, or what a lane run
+        cost its thread in CPU (`cpu_ns`), where no average is yet or where it is less. Not a lane run's wall time:
+        that also holds its waits for the GIL and for the thread to be woken, which inline runs do not have (a tree
+        ensemble's 4-row batch, ~15 us of compute, read 0.13-0.35 ms there; its small batches then never ran inline,
+        and mlp's at 4 clients neither: inline since, 1.26x the inf/s at 0.85x the CPU; twenty-eighth pass). A lane
+        run only lowers the average: its CPU also holds the hand-off's cold caches on the other core, and a shape near
+        the bound must not stay on the lane because it runs slower there."""
+        took_ns = elapsed_ns if batch.inline else cpu_ns
+        if took_ns is None:  # a lane run not timed in CPU
+            return
         rows = batch.size
         shape = batch.entries[0].shape_key  # a long sequence must not inherit a short one's run time
         times, key = (self._lone_ns, shape) if rows == 1 else (self._rows_ns, (shape, rows))
         seen = times.get(key)
         if seen is None:
-            if rows > 1 and not batch.inline:
-                return
             if len(times) >= _LONE_SHAPES:
                 times.clear()
-            times[key] = elapsed_ns
-        elif batch.inline or elapsed_ns < seen:
-            times[key] = seen + (elapsed_ns - seen) // 4
+            times[key] = took_ns
+        elif batch.inline or took_ns < seen:
+            times[key] = seen + (took_ns - seen) // 4
 
     # -- unload ---------------------------------------------------------------------------------
     async def close(self, drain_timeout_s: float) -> None:

@@ -3,9 +3,11 @@
 Jobs are plain callables. `submit(job, reply, tag)` marks the lane busy and queues the job; the
 lane thread runs it, times it, and hands the result (or exception) back to the loop with one
 call_soon_threadsafe per batch, where the lane first does its own bookkeeping (`finish`) and then
-calls `reply(tag, lane, result, exc, elapsed_ns)`: the submitter's own completion method, passed
+calls `reply(tag, lane, result, exc, elapsed_ns, cpu_ns)`: the submitter's own completion method, passed
 with the work like a future, not installed on the lane. onnxruntime releases the GIL while it
-computes.
+computes. `elapsed_ns` is wall time (the lane's busy time); `cpu_ns`, for a job of the lane thread, is that
+thread's CPU time in it: what the job itself cost, without its waits for the GIL and for the thread to be
+woken, which wall time holds (None for a job run on the loop, whose wall time is its cost, or launched).
 
 A lane is `busy` while any of its jobs runs. One job at a time runs on its thread or the loop's; a job
 launched into onnxruntime's pool (`launch`) leaves the lane `spare` for one more launched job (LAUNCH_DEPTH),
@@ -23,9 +25,10 @@ from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
-# reply(tag, lane, result, exc, elapsed_ns), called on the loop once the job has run
-Reply = Callable[[Any, "Lane", Any, "BaseException | None", int], None]
+# reply(tag, lane, result, exc, elapsed_ns, cpu_ns), called on the loop once the job has run
+Reply = Callable[[Any, "Lane", Any, "BaseException | None", int, "int | None"], None]
 _now_ns = time.perf_counter_ns
+_cpu_ns = time.thread_time_ns
 # launched jobs a lane may have in flight: a second one queues in onnxruntime's pool while the first computes, so
 # the pool's thread starts it as soon as the first is done, not after the first's answer has passed through the
 # loop (a model that does not batch: 1.2x the inf/s at 16 HTTP clients; a third read the same)
@@ -54,7 +57,7 @@ class Lane:
         self._thread.start()
 
     def submit(self, job: Callable[[], Any], reply: Reply, tag: Any) -> None:
-        """Queue `job`; `reply(tag, self, result, exc, elapsed_ns)` runs on the loop when it is done."""
+        """Queue `job`; `reply(tag, self, result, exc, elapsed_ns, cpu_ns)` runs on the loop when it is done."""
         self._held = True
         self._jobs.put((job, self._finished, reply, tag))
 
@@ -128,11 +131,13 @@ class Lane:
         self.busy_ns += elapsed_ns
         self.batches_run += 1
 
-    def _finished(self, reply: Reply, tag: Any, result: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+    def _finished(self, reply: Reply, tag: Any, result: Any, exc: BaseException | None, elapsed_ns: int,
+                  cpu_ns: int | None = None) -> None:
         self.finish(elapsed_ns)
-        reply(tag, self, result, exc, elapsed_ns)
+        reply(tag, self, result, exc, elapsed_ns, cpu_ns)
 
-    def _landed_reply(self, reply: Reply, tag: Any, result: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+    def _landed_reply(self, reply: Reply, tag: Any, result: Any, exc: BaseException | None, elapsed_ns: int,
+                      cpu_ns: int | None = None) -> None:
         """`_finished` for a launched job (or its one-by-one re-run), on the loop thread. Of a job launched beside
         another, only the time since the other's reply counts, as the lane's busy time and as the job's time in the
         reply (the model's fair share): it waited in onnxruntime's pool meanwhile, and the lane's busy time stays
@@ -142,7 +147,8 @@ class Lane:
         elapsed_ns = min(elapsed_ns, now_ns - self._landed_ns)
         self._landed_ns = now_ns
         self._book(elapsed_ns)
-        reply(tag, self, result, exc, elapsed_ns)
+        # no CPU time: onnxruntime's pool computed the batch (and a failed one's re-run is not the batch's cost)
+        reply(tag, self, result, exc, elapsed_ns, None)
 
     def _work(self) -> None:
         call = self.loop.call_soon_threadsafe
@@ -151,9 +157,10 @@ class Lane:
             if item is None:
                 return
             job, done, reply, tag = item
+            start_cpu_ns = _cpu_ns()
             timed = self._timed(job, BaseException)  # handed to the loop: the batch fails, the lane lives on
             try:
-                call(done, reply, tag, *timed)
+                call(done, reply, tag, *timed, _cpu_ns() - start_cpu_ns)
             except RuntimeError:  # loop closed during shutdown
                 return
 

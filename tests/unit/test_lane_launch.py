@@ -44,8 +44,8 @@ def launch(lane: Lane, job: BatchJob) -> tuple:
     loop = asyncio.get_running_loop()
     replied: asyncio.Future = loop.create_future()
 
-    def reply(tag, lane_, result, exc, elapsed_ns):
-        assert tag == "batch" and lane_ is lane and not lane.busy and elapsed_ns > 0
+    def reply(tag, lane_, result, exc, elapsed_ns, cpu_ns):
+        assert tag == "batch" and lane_ is lane and not lane.busy and elapsed_ns > 0 and cpu_ns is None
         replied.set_result((result, exc, threading.get_ident()))
 
     lane.launch(job, reply, "batch")
@@ -198,7 +198,7 @@ def test_a_lane_takes_a_second_launched_job_and_is_free_once_both_and_a_rerun_re
         lane.start()
         replies: asyncio.Queue = asyncio.Queue()
 
-        def reply(tag, lane_, result, exc, elapsed_ns):  # on the loop, after the lane's books
+        def reply(tag, lane_, result, exc, elapsed_ns, cpu_ns):  # on the loop, after the lane's books
             replies.put_nowait((tag, result, exc, lane_.busy, lane_.spare, lane_.flying))
 
         first, second, third = Gated("a"), Gated("b", retry=True), Gated("c")
@@ -232,7 +232,7 @@ def test_two_launched_jobs_at_once_count_their_time_once():
         jobs = [Gated("a"), Gated("b")]
         start_ns = time.perf_counter_ns()
         for tag, job in enumerate(jobs):
-            lane.launch(job, lambda tag, lane_, result, exc, elapsed_ns: replies.put_nowait((tag, elapsed_ns)), tag)
+            lane.launch(job, lambda tag, lane_, result, exc, elapsed_ns, _: replies.put_nowait((tag, elapsed_ns)), tag)
         for job in jobs:  # both computing at once
             assert await asyncio.to_thread(job.started.wait, WAIT_S)
         for job in jobs:

@@ -20,7 +20,7 @@ def run_plan(lanes_cfg, backend):
         try:
             replies: asyncio.Queue = asyncio.Queue()
             for lane in plan.lanes:  # every lane's thread is running
-                lane.submit(lambda: "ran", lambda tag, lane_, result, exc, ns: replies.put_nowait((tag, result)),
+                lane.submit(lambda: "ran", lambda tag, lane_, result, exc, ns, _: replies.put_nowait((tag, result)),
                             lane.lane_id)
             done = [await asyncio.wait_for(replies.get(), WAIT_S) for _ in plan.lanes]
             assert sorted(done) == sorted((lane.lane_id, "ran") for lane in plan.lanes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -35,32 +36,41 @@ def test_the_lane_runs_off_the_loop_and_replies_on_it_with_its_books_done():
             assert gate.wait(WAIT_S)
             return threading.get_ident()
 
-        def reply(tag, lane_, result, exc, elapsed_ns):
+        def reply(tag, lane_, result, exc, elapsed_ns, cpu_ns):
             # on the loop, after the lane's own bookkeeping
-            replies.put_nowait((tag, lane_, result, exc, elapsed_ns, threading.get_ident(), lane_.busy))
+            replies.put_nowait((tag, lane_, result, exc, elapsed_ns, threading.get_ident(), lane_.busy, cpu_ns))
 
         try:
             lane.submit(job, reply, "batch-1")
             assert lane.busy and replies.empty()
             gate.set()
-            tag, who, job_thread, exc, elapsed_ns, reply_thread, busy = await asyncio.wait_for(replies.get(), WAIT_S)
+            tag, who, job_thread, exc, elapsed_ns, reply_thread, busy, cpu_ns = await asyncio.wait_for(replies.get(),
+                                                                                                       WAIT_S)
             assert (tag, who, exc, busy) == ("batch-1", lane, None, False)
             assert job_thread != loop_thread and reply_thread == loop_thread
             assert elapsed_ns > 0 and lane.busy_ns == elapsed_ns and lane.batches_run == 1
+            assert cpu_ns is not None and cpu_ns >= 0  # the lane thread's (test_a_lane_threads_job_replies_...)
         finally:
             lane.stop()
     asyncio.run(main())
 
 
+def started_lane(keep) -> tuple[Lane, asyncio.Queue, object]:
+    """A lane started on the running loop, the queue its replies go to (each as `keep(tag, result, exc, elapsed_ns,
+    cpu_ns)`), and the reply to submit with."""
+    lane = Lane("cpu.0", "cpu", asyncio.get_running_loop())
+    lane.start()
+    replies: asyncio.Queue = asyncio.Queue()
+
+    def reply(tag, lane_, result, exc, elapsed_ns, cpu_ns):
+        replies.put_nowait(keep(tag, result, exc, elapsed_ns, cpu_ns))
+
+    return lane, replies, reply
+
+
 def test_a_failing_job_is_handed_back_and_the_lane_serves_the_next():
     async def main():
-        loop = asyncio.get_running_loop()
-        lane = Lane("cpu.0", "cpu", loop)
-        lane.start()
-        replies: asyncio.Queue = asyncio.Queue()
-
-        def reply(tag, lane_, result, exc, elapsed_ns):
-            replies.put_nowait((tag, result, exc))
+        lane, replies, reply = started_lane(lambda tag, result, exc, *_: (tag, result, exc))
 
         def broken():
             raise ValueError("bad batch")
@@ -79,13 +89,37 @@ def test_a_failing_job_is_handed_back_and_the_lane_serves_the_next():
     asyncio.run(main())
 
 
+def test_a_lane_threads_job_replies_with_the_threads_cpu_time_not_its_waits():
+    """The CPU time is what the job cost: a job that waits (as a lane run waits for the GIL and to be woken) costs
+    little of it, one that computes costs about its wall time."""
+    async def main():
+        lane, replies, reply = started_lane(lambda tag, result, exc, elapsed_ns, cpu_ns: (tag, elapsed_ns, cpu_ns))
+
+        def computes():
+            end_ns = time.thread_time_ns() + 30_000_000
+            while time.thread_time_ns() < end_ns:
+                pass
+
+        try:
+            lane.submit(lambda: threading.Event().wait(0.05), reply, "waits")  # the job's content is a wait
+            tag, elapsed_ns, cpu_ns = await asyncio.wait_for(replies.get(), WAIT_S)
+            assert tag == "waits" and elapsed_ns >= 50_000_000 and cpu_ns < elapsed_ns / 5
+            lane.submit(computes, reply, "computes")
+            tag, elapsed_ns, cpu_ns = await asyncio.wait_for(replies.get(), WAIT_S)
+            assert tag == "computes" and 30_000_000 <= cpu_ns <= elapsed_ns + 1_000_000  # + the lane's own few us
+        finally:
+            lane.stop()
+    asyncio.run(main())
+
+
 def test_run_here_runs_on_the_calling_thread_and_replies_in_a_later_loop_turn():
     async def main():
         loop = asyncio.get_running_loop()
         lane = Lane("cpu.0", "cpu", loop)  # no thread started: run_here needs none
         replies: asyncio.Queue = asyncio.Queue()
 
-        def reply(tag, lane_, result, exc, elapsed_ns):
+        def reply(tag, lane_, result, exc, elapsed_ns, cpu_ns):
+            assert cpu_ns is None  # on the loop: its wall time is what it cost
             replies.put_nowait((tag, result, exc, elapsed_ns, threading.get_ident(), lane_.busy))
 
         def broken():

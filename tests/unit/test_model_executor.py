@@ -60,7 +60,9 @@ class FakeLane:
         except Exception as e:  # noqa: BLE001 - returned as Lane._timed returns it
             return None, e, 1_500
 
-    def finish_next(self, elapsed_ns=1_000):
+    def finish_next(self, elapsed_ns=1_000, cpu_ns=None):
+        """As the lane's reply: a job of the lane thread with its CPU time (`cpu_ns`, else the whole `elapsed_ns`),
+        one run here or launched with none."""
         job, reply, tag = self.submitted.pop(0)
         try:
             result, exc = job(), None
@@ -68,7 +70,8 @@ class FakeLane:
             result, exc = None, e
         self.busy = False
         self.finished_ns.append(elapsed_ns)
-        reply(tag, self, result, exc, elapsed_ns)
+        on_thread = not any(tag is other for other in (*self.ran_here, *self.launched))
+        reply(tag, self, result, exc, elapsed_ns, (elapsed_ns if cpu_ns is None else cpu_ns) if on_thread else None)
 
 
 class RecordingScheduler:
@@ -243,17 +246,17 @@ def test_a_lone_row_runs_on_the_loop_thread_once_its_shape_has_run_faster_than_t
 
 
 def test_a_small_batch_runs_on_the_loop_thread_while_its_rows_are_expected_to_run_faster_than_the_limit():
-    """Several rows: one row's time times half the rows (rounded up) until such a batch has run inline, then the
-    average of those; a lane run of several rows sets no average, it only lowers one; more than INLINE_ROWS rows
-    never run inline, nor small batches while InlineChoice has found the lane cheaper."""
+    """Several rows: one row's time times half the rows (rounded up) until such a batch has run, then the average
+    of those; a lane run counts its thread's CPU time, not its wall time, and only lowers an average; more than
+    INLINE_ROWS rows never run inline, nor small batches while InlineChoice has found the lane cheaper."""
     async def main():
         executor, lane, _, runner, _ = build(inline_max_ns=100_000, max_batch_size=16)
 
-        def batch_of(n, elapsed_ns):
+        def batch_of(n, elapsed_ns, cpu_ns=None):
             futures = [executor.submit({"x": x}, 1, ((4,),)) for x in range(1, n + 1)]
             dispatch_all(executor, lane)
             inline = len(lane.ran_here)
-            lane.finish_next(elapsed_ns=elapsed_ns)
+            lane.finish_next(elapsed_ns=elapsed_ns, cpu_ns=cpu_ns)
             return inline, futures
 
         batch_of(1, 30_000)  # the lane thread's first one-row run: 30 us
@@ -261,8 +264,8 @@ def test_a_small_batch_runs_on_the_loop_thread_while_its_rows_are_expected_to_ru
         assert executor._rows_ns[(((4,),), 2)] == 60_000
         assert batch_of(3, 50_000)[0] == 2  # guessed 2 x 30 = 60 us: inline
         assert batch_of(4, 50_000)[0] == 3  # guessed 60 us
-        assert batch_of(7, 50_000)[0] == 3  # guessed 4 x 30 = 120 us: on the lane, which sets no average
-        assert (((4,),), 7) not in executor._rows_ns
+        assert batch_of(7, 300_000, cpu_ns=50_000)[0] == 3  # guessed 4 x 30 = 120 us: on the lane, whose thread's
+        assert executor._rows_ns[(((4,),), 7)] == 50_000  # CPU time sets the average, not the wall time and its waits
         assert batch_of(2, 200_000)[0] == 4  # inline; the average rises to 95 us
         inline, futures = batch_of(2, 300_000)  # 95 < 100: inline again; now 146.25 us
         assert inline == 5 and [await asyncio.wait_for(f, WAIT_S) for f in futures] == [[2], [4]]
@@ -389,8 +392,11 @@ def test_batches_of_several_requests_are_launched_once_the_lane_has_timed_them_f
         assert [await asyncio.wait_for(f, WAIT_S) for f in futures] == [[2], [4], [6]]
         lone = batch_of([4])  # one request: never launched (inline or on the lane); its shape runs fast
         assert len(lane.launched) == 1
-        batch_of([7, 8])  # a small batch of a fast shape: launched, as the model's batches are, not run inline
-        assert len(lane.launched) == 2 and lane.ran_here == []
+        batch_of([7, 8])  # a small batch of a fast shape: InlineChoice measures the loop against launching it
+        assert len(lane.launched) == 1 and len(lane.ran_here) == 1  # the loop first
+        executor._inline_choice.inline = False  # measured: launching is cheaper
+        batch_of([9, 10])
+        assert len(lane.launched) == 2 and len(lane.ran_here) == 1
         lane.on_gpu = True
         batch_of([5, 6])  # a GPU lane's stream is its thread's
         assert len(lane.launched) == 2
