@@ -12,9 +12,15 @@ bench/perf_repo.py (issue #17: "we will run perf_analyzer ourselves ... with mod
   max_batch_size 16, dims [-1] and a 2 ms queue delay.
 - `mobilenet`: a MobileNetV1-like classifier at width 0.5 (depthwise + pointwise convolutions), FP32 [B, 3, 224,
   224] -> `logits` [B, 1000], max_batch_size 8, `dynamic_batching { }`.
+- `forest`: a random-forest classifier of tabular data as skl2onnx writes one with `zipmap` off (one ai.onnx.ml
+  TreeEnsembleClassifier: 100 trees of depth 8), FP32 `X` [B, 20] -> INT64 `label` [B] and FP32 `probabilities`
+  [B, 3]; no config.pbtxt (Triton completes `label` as dims [1] with an empty reshape). ~15 us a batch-1 run: the
+  server's own cost per request is nearly all of it.
 
-Both are models of many small operators: the twenty-seventh pass found them slow while onnxruntime's intra-op
-threads never spun (docs/DESIGN-NOTES.md). Weights are random (seeded); the numbers mean nothing.
+The encoder and the MobileNet are models of many small operators: the twenty-seventh pass found them slow while
+onnxruntime's intra-op threads never spun. The forest's batches, all launched into onnxruntime's pool, waited longer
+than they computed: the twenty-eighth pass lets them run on the loop (docs/DESIGN-NOTES.md). Weights and splits are
+random (seeded); the numbers mean nothing.
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 HIDDEN, HEADS, FFN, LAYERS, VOCAB, MAX_SEQ = 128, 4, 512, 2, 8000, 512
+FOREST_TREES, FOREST_DEPTH, FOREST_FEATURES, FOREST_CLASSES = 100, 8, 20, 3
 
 ENCODER_DB_CONFIG = """name: "encoder_db"
 platform: "onnxruntime_onnx"
@@ -180,13 +187,53 @@ def mobilenet(path: Path, seed: int = 0) -> None:
            [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1000])], path)
 
 
+def forest(path: Path, seed: int = 0) -> None:
+    """The random-forest classifier described above, written to `path`: complete trees of random splits, each leaf
+    voting for one class, as skl2onnx writes a forest with `zipmap` off."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    keys = ("nodes_treeids", "nodes_nodeids", "nodes_featureids", "nodes_values", "nodes_modes", "nodes_truenodeids",
+            "nodes_falsenodeids", "class_treeids", "class_nodeids", "class_ids", "class_weights")
+    attrs: dict[str, list] = {key: [] for key in keys}
+    splits = 2 ** FOREST_DEPTH - 1
+    for tree in range(FOREST_TREES):
+        for node in range(2 * splits + 1):
+            leaf = node >= splits
+            for key, value in (("nodes_treeids", tree), ("nodes_nodeids", node),
+                               ("nodes_featureids", 0 if leaf else int(rng.integers(FOREST_FEATURES))),
+                               ("nodes_values", 0.0 if leaf else float(rng.standard_normal())),
+                               ("nodes_modes", "LEAF" if leaf else "BRANCH_LEQ"),
+                               ("nodes_truenodeids", 0 if leaf else 2 * node + 1),
+                               ("nodes_falsenodeids", 0 if leaf else 2 * node + 2)):
+                attrs[key].append(value)
+            if leaf:
+                for key, value in (("class_treeids", tree), ("class_nodeids", node),
+                                   ("class_ids", int(rng.integers(FOREST_CLASSES))),
+                                   ("class_weights", 1.0 / FOREST_TREES)):
+                    attrs[key].append(value)
+    trees = helper.make_node("TreeEnsembleClassifier", ["X"], ["label", "probabilities"], domain="ai.onnx.ml",
+                             classlabels_int64s=list(range(FOREST_CLASSES)), post_transform="NONE", **attrs)
+    graph = helper.make_graph(
+        [trees], "forest", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", FOREST_FEATURES])],
+        [helper.make_tensor_value_info("label", TensorProto.INT64, ["N"]),
+         helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", FOREST_CLASSES])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
 def build(root: Path) -> Path:
-    """The three models above as a Triton-style repository under `root`."""
+    """The models above as a Triton-style repository under `root`."""
     encoder(root / "encoder_nocfg" / "1" / "model.onnx")
     encoder(root / "encoder_db" / "1" / "model.onnx")
     (root / "encoder_db" / "config.pbtxt").write_text(ENCODER_DB_CONFIG)
     mobilenet(root / "mobilenet" / "1" / "model.onnx")
     (root / "mobilenet" / "config.pbtxt").write_text(MOBILENET_CONFIG)
+    forest(root / "forest" / "1" / "model.onnx")
     return root
 
 

@@ -1,6 +1,6 @@
 """bench/user_models.py: the users' kinds of models that bench/perf_repo.py measures (a BERT-sized text encoder with
-and without config.pbtxt, a MobileNet-like classifier) build, run in onnxruntime, and load in gt-serve as Triton
-would complete them (issue #17: "with models and configs of our own")."""
+and without config.pbtxt, a MobileNet-like classifier, a random forest) build, run in onnxruntime, and load in
+gt-serve as Triton would complete them (issue #17: "with models and configs of our own")."""
 from __future__ import annotations
 
 import sys
@@ -39,8 +39,8 @@ def _completed(repo: Path, model: str):
     return cfg
 
 
-def test_the_repository_holds_the_three_models(repo):
-    assert perf_repo.repository_models(repo) == ["encoder_db", "encoder_nocfg", "mobilenet"]
+def test_the_repository_holds_the_four_models(repo):
+    assert perf_repo.repository_models(repo) == ["encoder_db", "encoder_nocfg", "forest", "mobilenet"]
 
 
 def test_the_encoder_runs_any_sequence_length_and_reads_its_mask(repo):
@@ -61,6 +61,14 @@ def test_the_mobilenet_classifies_a_batch_of_images(repo):
     assert logits.shape == (2, 1000)
 
 
+def test_the_forest_votes_for_a_class_per_row(repo):
+    x = np.random.default_rng(1).standard_normal((64, user_models.FOREST_FEATURES)).astype(np.float32)
+    label, probabilities = _session(repo, "forest").run(None, {"X": x})
+    assert label.shape == (64,) and probabilities.shape == (64, user_models.FOREST_CLASSES)
+    assert np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-5) and np.all(label == probabilities.argmax(axis=1))
+    assert len(set(label.tolist())) > 1  # the splits send rows different ways
+
+
 def test_gt_serve_completes_their_configs_as_triton_would(repo):
     nocfg = _completed(repo, "encoder_nocfg")
     assert nocfg.max_batch_size == 4  # Triton's default for a model without config.pbtxt
@@ -69,3 +77,6 @@ def test_gt_serve_completes_their_configs_as_triton_would(repo):
     assert (db.max_batch_size, db.dynamic_batching.max_queue_delay_microseconds) == (16, 2000)
     mobilenet = _completed(repo, "mobilenet")
     assert mobilenet.max_batch_size == 8 and [list(t.dims) for t in mobilenet.output] == [[1000]]
+    forest = _completed(repo, "forest")
+    assert forest.max_batch_size == 4 and [list(t.dims) for t in forest.output] == [[1], [3]]
+    assert forest.output[0].HasField("reshape") and not forest.output[1].HasField("reshape")
