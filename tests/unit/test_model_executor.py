@@ -392,11 +392,8 @@ def test_batches_of_several_requests_are_launched_once_the_lane_has_timed_them_f
         assert [await asyncio.wait_for(f, WAIT_S) for f in futures] == [[2], [4], [6]]
         lone = batch_of([4])  # one request: never launched (inline or on the lane); its shape runs fast
         assert len(lane.launched) == 1
-        batch_of([7, 8])  # a small batch of a fast shape: InlineChoice measures the loop against launching it
-        assert len(lane.launched) == 1 and len(lane.ran_here) == 1  # the loop first
-        executor._inline_choice.inline = False  # measured: launching is cheaper
-        batch_of([9, 10])
-        assert len(lane.launched) == 2 and len(lane.ran_here) == 1
+        batch_of([7, 8])  # a small batch of a fast shape: launched, as the model's larger batches are (under load
+        assert len(lane.launched) == 2 and lane.ran_here == []  # it is a straggler), not run on the loop
         lane.on_gpu = True
         batch_of([5, 6])  # a GPU lane's stream is its thread's
         assert len(lane.launched) == 2
@@ -418,6 +415,31 @@ def test_a_model_with_a_max_batch_size_under_8_launches_its_full_batches_once_ti
         assert len(lane.launched) == 1
         lane.finish_next()
         assert [await asyncio.wait_for(f, WAIT_S) for f in futures] == [[2], [4], [6], [8]]
+    asyncio.run(main())
+
+
+def test_a_model_whose_batches_are_all_small_runs_them_on_the_loop_while_that_measures_cheaper_than_launching():
+    """max_batch_size 4 (a model without config.pbtxt): once its batches launch, InlineChoice measures the loop
+    against launching for them, where a fast shape's batch runs under the loop's limit (a tree ensemble's 4 rows)."""
+    async def main():
+        executor, lane, _, _, _ = build(launch="auto", max_batch_size=4, inline_max_ns=100_000)
+
+        def batch_of(values, elapsed_ns=4 * 10_000):
+            futures = [executor.submit({"x": np.int64(x)}, 1, ()) for x in values]
+            dispatch_all(executor, lane)
+            lane.finish_next(elapsed_ns=elapsed_ns)
+            return futures
+
+        executor._inline_choice.inline = False  # InlineChoice found the lane cheaper than the loop so far
+        for _ in range(_SETTLE):
+            batch_of(range(4))  # timed on the lane: 40 us for 4 rows
+        assert executor._launch.launching and lane.ran_here == [] and lane.launched == []
+        futures = batch_of([5, 6])  # launched now, not on the lane
+        assert len(lane.launched) == 1 and lane.ran_here == []
+        executor._inline_choice.inline = True  # InlineChoice, now against launching, measured the loop cheaper
+        futures += batch_of([1, 2, 3, 4])
+        assert len(lane.ran_here) == 1 and len(lane.launched) == 1
+        assert [await asyncio.wait_for(f, WAIT_S) for f in futures] == [[10], [12], [2], [4], [6], [8]]
     asyncio.run(main())
 
 
