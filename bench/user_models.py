@@ -14,7 +14,7 @@ bench/perf_repo.py (issue #17: "we will run perf_analyzer ourselves ... with mod
   224] -> `logits` [B, 1000], max_batch_size 8, `dynamic_batching { }`.
 - `forest`: a random-forest classifier of tabular data as skl2onnx writes one with `zipmap` off (one ai.onnx.ml
   TreeEnsembleClassifier: 100 trees of depth 8), FP32 `X` [B, 20] -> INT64 `label` [B] and FP32 `probabilities`
-  [B, 3]; no config.pbtxt (Triton completes `label` as dims [1] with an empty reshape). ~15 us a batch-1 run: the
+  [B, 3]; no config.pbtxt (Triton completes `label` as dims [1] with an empty reshape). 6-16 us a batch-1 run: the
   server's own cost per request is nearly all of it.
 
 The encoder and the MobileNet are models of many small operators: the twenty-seventh pass found them slow while

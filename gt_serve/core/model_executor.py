@@ -276,10 +276,10 @@ class ModelExecutor:
         """The moving average of a shape's run time at the batch's rows: what an inline run took, or what a lane run
         cost its thread in CPU (`cpu_ns`), where no average is yet or where it is less. Not a lane run's wall time:
         that also holds its waits for the GIL and for the thread to be woken, which inline runs do not have (a tree
-        ensemble's 4-row batch, ~15 us of compute, read 0.13-0.35 ms there; its small batches then never ran inline,
-        and mlp's at 4 clients neither: inline since, 1.26x the inf/s at 0.85x the CPU; twenty-eighth pass). A lane
-        run only lowers the average: its CPU also holds the hand-off's cold caches on the other core, and a shape near
-        the bound must not stay on the lane because it runs slower there."""
+        ensemble's lane runs of 1-2 rows, ~10 us of compute, read 0.13-0.35 ms; its small batches never ran inline,
+        nor mlp's at 4 clients: inline since, 1.28x / 1.42x the inf/s at 0.87x / 0.73x the CPU over HTTP / gRPC;
+        twenty-eighth pass). A lane run only lowers the average: its CPU also holds the hand-off's cold caches on the
+        other core, and a shape near the bound must not stay on the lane because it runs slower there."""
         took_ns = elapsed_ns if batch.inline else cpu_ns
         if took_ns is None:  # a lane run not timed in CPU
             return
