@@ -15,11 +15,10 @@ file with zeros for integer and boolean inputs (an index of 0 is in range for an
 floating-point ones, at batch 1 and at batch 8 and max_batch_size (none for a model that does not batch); a
 variable dimension takes its size from a `--shape NAME:DIMS` in its perf_analyzer arguments, else 1. --pa-args go
 to every perf_analyzer call; `--model-pa-args MODEL=ARGS` (repeatable) go after them to that model's calls only.
-perf_analyzer sends random data
-unless told otherwise: an integer input used as an index wants `--input-data zero`. BYTES inputs: no raw baseline,
-and no Triton side: the Python backend stub of the nvidia-pytriton 0.7.0 wheel dies decoding a BYTES input
-("unpack_from requires a buffer of at least ... bytes" in deserialize_bytes_tensor; perf_analyzer then reads "Stub
-process is not healthy"), whatever model.py does with it.
+perf_analyzer sends random data unless told otherwise: an integer input used as an index wants `--input-data zero`.
+BYTES inputs: no raw baseline, and no Triton side: the Python backend stub of the nvidia-pytriton 0.7.0 wheel dies
+decoding a BYTES input ("unpack_from requires a buffer of at least ... bytes" in deserialize_bytes_tensor;
+perf_analyzer then reads "Stub process is not healthy"), whatever model.py does with it.
 
 Prints what perf_sweep prints: JSON lines per point (also appended to --jsonl), a table per run and, with --runs,
 the medians of the same-run ratios.
