@@ -118,6 +118,17 @@ def classifier(path: Path, features: int = 8, classes: int = 5, seed: int = 0) -
     return w
 
 
+def argmax(path: Path, features: int = 10) -> None:
+    """FP32 INPUT [B, features] -> INT64 CLASS [B], the index of each row's largest value: an output of the batch
+    dimension alone (Triton completes it as dims [1] with an empty reshape)."""
+    from onnx import TensorProto, helper
+
+    inp = helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", features])
+    out = helper.make_tensor_value_info("CLASS", TensorProto.INT64, ["batch"])
+    node = helper.make_node("ArgMax", ["INPUT"], ["CLASS"], axis=1, keepdims=0)
+    _save(helper.make_graph([node], "argmax", [inp], [out]), path)
+
+
 def mlp(path: Path, sizes=(256, 1024, 1024, 10), seed: int = 0) -> None:
     """FP32 MLP: INPUT [B, sizes[0]] -> OUTPUT [B, sizes[-1]] with ReLU between layers."""
     from onnx import TensorProto, helper, numpy_helper

@@ -1,5 +1,6 @@
 """config.pbtxt fields from Triton repositories, against a real gt-serve process and tritonclient:
-model_warmup runs before READY, reshape is served with the client's shapes, onnxruntime parameters
+model_warmup runs before READY, reshape is served with the client's shapes (and completed as Triton completes it
+for an output of the batch dimension alone), onnxruntime parameters
 reach the session (log), the response cache answers repeats (stats and /metrics), and the fields
 gt_serve does not implement fail the load with an error naming them.
 """
@@ -64,6 +65,7 @@ def _repo(root: Path) -> Path:
     for name, text in (("reshaped", RESHAPED), ("tuned", TUNED), ("cached", CACHED)):
         mb.scale(root / name / "1" / "model.onnx", factor=2.0, width=4)
         (root / name / "config.pbtxt").write_text(f'name: "{name}"\n' + text)
+    mb.argmax(root / "argmax" / "1" / "model.onnx")  # no config.pbtxt
     for name, (text, _) in REFUSED.items():
         mb.scale(root / name / "1" / "model.onnx", factor=2.0, width=4)
         (root / name / "config.pbtxt").write_text(text)
@@ -75,7 +77,8 @@ def server(tmp_path_factory):
     repo = _repo(tmp_path_factory.mktemp("repo_features"))
     srv = start_server(repo, tmp_path_factory.mktemp("srv_features"), "--model-control-mode", "explicit",
                        "--load-model", "warm", "--load-model", "reshaped", "--load-model", "tuned",
-                       "--load-model", "cached", "--cache-config", f"local,size={CACHE_BYTES}")
+                       "--load-model", "cached", "--load-model", "argmax",
+                       "--cache-config", f"local,size={CACHE_BYTES}")
     yield srv
     srv.stop()
 
@@ -110,6 +113,23 @@ def test_reshape_is_served_with_the_client_shapes(server):
     bad.set_data_from_numpy(data.reshape(3, 4))
     with pytest.raises(InferenceServerException, match="unexpected shape"):
         client.infer("reshaped", [bad])
+
+
+def test_an_output_of_the_batch_dimension_alone_is_served_as_triton_completes_it(server):
+    """An ArgMax [N] without config.pbtxt: dims [1] with an empty reshape, answered [N, 1] over both protocols."""
+    http = httpclient.InferenceServerClient(server.http_url)
+    (output,) = http.get_model_config("argmax")["output"]
+    assert output["dims"] == [1] and output["reshape"] == {"shape": []}
+    assert http.get_model_metadata("argmax")["outputs"][0]["shape"] == [-1, 1]
+    data = np.random.default_rng(0).standard_normal((3, 10)).astype(np.float32)
+    inp = httpclient.InferInput("INPUT", [3, 10], "FP32")
+    inp.set_data_from_numpy(data)
+    answer = http.infer("argmax", [inp]).as_numpy("CLASS")
+    assert answer.shape == (3, 1) and answer[:, 0].tolist() == data.argmax(axis=1).tolist()
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    ginp = grpcclient.InferInput("INPUT", [3, 10], "FP32")
+    ginp.set_data_from_numpy(data)
+    assert grpc.infer("argmax", [ginp]).as_numpy("CLASS").tolist() == answer.tolist()
 
 
 def test_onnxruntime_parameters_reach_the_session(server):
