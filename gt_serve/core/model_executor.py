@@ -220,7 +220,7 @@ class ModelExecutor:
         return self._rows_ns.get((key, rows), lone_ns * ((rows + 1) // 2))
 
     def _complete(self, batch: Batch, lane: Any, result: Any, exc: BaseException | None, elapsed_ns: int,
-                  cpu_ns: int | None = None) -> None:
+                  cpu_ns: int | None) -> None:
         """The lane's reply, on the loop: the scheduler first (the lane's next batch starts now and computes while
         this one's answers are written), then the batch's futures, and once their answers are out the window in which
         their clients are expected back (`_answered`)."""
