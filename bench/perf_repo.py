@@ -10,7 +10,9 @@ in one run (issue #17: "we will run perf_analyzer ourselves ... with models and 
 The repository is Triton's layout (NAME/VERSION/model.onnx, config.pbtxt or none). Each model's config is the one
 gt-serve completes from the file and the ONNX graph (GET /v2/models/NAME/config, from a first short start); Triton
 gets that config with `backend: "python"` and bench/triton_onnx_model.py beside the same ONNX file (any inputs and
-outputs, batched as gt-serve batches), so both servers batch the same way. Raw onnxruntime runs the highest version's
+outputs, batched as gt-serve batches), so both servers batch the same way. An ensemble (a config.pbtxt of `platform:
+"ensemble"`) is measured as one model, without a raw baseline; Triton runs it in its own ensemble scheduler, over its
+step models in the Python backend. Raw onnxruntime runs the highest version's
 file with zeros for integer and boolean inputs (an index of 0 is in range for any Gather) and normal noise for
 floating-point ones, at batch 1 and at batch 8 and max_batch_size (none for a model that does not batch); a
 variable dimension takes its size from a `--shape NAME:DIMS` in its perf_analyzer arguments, else 1. --pa-args go
@@ -46,9 +48,38 @@ from gt_serve.testing.launcher import launch  # noqa: E402
 
 
 def repository_models(repo: Path) -> list[str]:
-    """The models of a Triton-style repository that have an ONNX file in a numbered version folder."""
+    """The models of a Triton-style repository that have an ONNX file in a numbered version folder, and its
+    ensembles (a config.pbtxt of `platform: "ensemble"`)."""
     return sorted(d.name for d in repo.iterdir()
-                  if d.is_dir() and any(v.name.isdigit() and (v / "model.onnx").is_file() for v in d.iterdir()))
+                  if d.is_dir() and (any(v.name.isdigit() and (v / "model.onnx").is_file() for v in d.iterdir())
+                                     or ensemble_config(d) is not None))
+
+
+def ensemble_config(model_dir: Path):
+    """The model's config.pbtxt (a ModelConfig) if it declares an ensemble, else None."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    path = model_dir / "config.pbtxt"
+    if not path.is_file():
+        return None
+    cfg = text_format.Parse(path.read_text(), mc.ModelConfig())
+    return cfg if "ensemble" in (cfg.platform, cfg.backend) else None
+
+
+def with_steps(repo: Path, models: list[str]) -> list[str]:
+    """`models` and, for each ensemble among them, its step models (nested ensembles too), in first-seen order."""
+    out: list[str] = []
+    todo = list(models)
+    while todo:
+        name = todo.pop(0)
+        if name in out:
+            continue
+        out.append(name)
+        cfg = ensemble_config(repo / name)
+        if cfg is not None:
+            todo += [step.model_name for step in cfg.ensemble_scheduling.step]
+    return out
 
 
 def explicit_loads(models: list[str]) -> list[str]:
@@ -57,12 +88,13 @@ def explicit_loads(models: list[str]) -> list[str]:
 
 
 def completed_configs(repo: Path, models: list[str], workdir: Path, gt_config: str | None) -> dict[str, dict]:
-    """Each model's config as gt-serve completes it (its /v2/models/NAME/config), from one short start."""
+    """Each model's config as gt-serve completes it (its /v2/models/NAME/config), from one short start; an
+    ensemble's step models' too (gt-serve loads them with it, as Triton does)."""
     args = ["--model-repository", str(repo), *explicit_loads(models)] + (["--config", gt_config] if gt_config else [])
     server = launch(args, workdir=workdir)
     try:
         configs = {}
-        for name in models:
+        for name in with_steps(repo, models):
             with sweep_servers.LOOPBACK.open(f"http://127.0.0.1:{server.ports['http']}/v2/models/{name}/config",
                                              timeout=30) as r:
                 configs[name] = json.load(r)
@@ -73,11 +105,14 @@ def completed_configs(repo: Path, models: list[str], workdir: Path, gt_config: s
 
 def triton_pbtxt(config: dict) -> str:
     """`config` (a model config as JSON) as config.pbtxt for Triton's Python backend: the same inputs, outputs and
-    batching, `backend: "python"`, CPU instances (a count of 0, gt-serve's "fill in", becomes 1), no warm-up."""
+    batching, `backend: "python"`, CPU instances (a count of 0, gt-serve's "fill in", becomes 1), no warm-up. An
+    ensemble stays as it is (Triton's own ensemble scheduler runs it)."""
     from google.protobuf import json_format, text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
     cfg = json_format.ParseDict(config, mc.ModelConfig(), ignore_unknown_fields=True)
+    if cfg.platform == "ensemble":
+        return text_format.MessageToString(cfg)
     cfg.platform = ""
     cfg.backend = "python"
     cfg.default_model_filename = ""
@@ -90,10 +125,14 @@ def triton_pbtxt(config: dict) -> str:
 
 
 def triton_mirror(repo: Path, out: Path, configs: dict[str, dict]) -> Path:
-    """`out`: each model's config for the Python backend, and its versions' ONNX files with triton_onnx_model.py."""
+    """`out`: each model's config for the Python backend, and its versions' ONNX files with triton_onnx_model.py;
+    an ensemble's config and an empty version folder (Triton wants one)."""
     for name, config in configs.items():
         (out / name).mkdir(parents=True)
         (out / name / "config.pbtxt").write_text(triton_pbtxt(config))
+        if config.get("platform") == "ensemble":
+            (out / name / "1").mkdir()
+            continue
         for version in (repo / name).iterdir():
             if version.name.isdigit() and (version / "model.onnx").is_file():
                 (out / name / version.name).mkdir()
@@ -116,9 +155,11 @@ def shapes_given(pa_args: list[str]) -> dict[str, list[int]]:
 
 def raw_inputs(config: dict, shapes: dict[str, list[int]]) -> tuple[Callable[[int], dict], tuple[int, ...]] | None:
     """(a feed for a batch size, the batch sizes of the best batched point) for raw onnxruntime, or None for a model
-    with a BYTES input."""
+    with a BYTES input and for an ensemble (no one ONNX file to run)."""
     from gt_serve.datatypes import numpy_dtype
 
+    if config.get("platform") == "ensemble":
+        return None
     max_batch = int(config.get("max_batch_size", 0))
     specs = []
     for t in config["input"]:
