@@ -28,6 +28,16 @@ dynamic_batching { max_queue_delay_microseconds: 300 }
 """
 
 
+ENSEMBLE_CONFIG = """name: "lookup_ens"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "I" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "ROWS" data_type: TYPE_FP32 dims: [ 1, 3 ] } ]
+ensemble_scheduling { step [ { model_name: "lookup" model_version: -1
+  input_map { key: "INDICES" value: "I" } output_map { key: "OUTPUT" value: "ROWS" } } ] }
+"""
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("own_repo")
@@ -35,6 +45,8 @@ def repo(tmp_path_factory) -> Path:
     (root / "lookup" / "config.pbtxt").write_text(GATHER_CONFIG)
     mb.add_pair(root / "pair" / "2" / "model.onnx", width=5)  # no config: gt-serve completes it
     mb.add_one_fixed(root / "fixed" / "1" / "model.onnx", width=3)
+    (root / "lookup_ens" / "1").mkdir(parents=True)  # an ensemble: a config and an empty version folder
+    (root / "lookup_ens" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     (root / "notes").mkdir()  # not a model
     return root
 
@@ -44,8 +56,8 @@ def configs(repo, tmp_path_factory) -> dict:
     return perf_repo.completed_configs(repo, perf_repo.repository_models(repo), tmp_path_factory.mktemp("run"), None)
 
 
-def test_the_repositorys_models_are_the_folders_with_an_onnx_version(repo):
-    assert perf_repo.repository_models(repo) == ["fixed", "lookup", "pair"]
+def test_the_repositorys_models_are_the_folders_with_an_onnx_version_and_the_ensembles(repo):
+    assert perf_repo.repository_models(repo) == ["fixed", "lookup", "lookup_ens", "pair"]
     assert perf_sweep.model_file(repo, "pair") == repo / "pair" / "2" / "model.onnx"
 
 
@@ -66,6 +78,18 @@ def test_the_mirror_holds_each_version_with_the_generic_python_model(repo, confi
     assert (out / "pair" / "2" / "model.onnx").resolve() == (repo / "pair" / "2" / "model.onnx").resolve()
     assert (out / "pair" / "2" / "model.py").read_text() == (BENCH / "triton_onnx_model.py").read_text()
     assert 'backend: "python"' in (out / "lookup" / "config.pbtxt").read_text()
+
+
+def test_an_ensemble_stays_an_ensemble_for_triton_with_its_steps_beside_it(repo, configs, tmp_path):
+    assert perf_repo.with_steps(repo, ["lookup_ens", "pair"]) == ["lookup_ens", "pair", "lookup"]
+    steps_too = perf_repo.completed_configs(repo, ["lookup_ens"], tmp_path, None)
+    assert sorted(steps_too) == ["lookup", "lookup_ens"]  # gt-serve loads the step with it; Triton needs it too
+    ens = parse_pbtxt(perf_repo.triton_pbtxt(configs["lookup_ens"]), "lookup_ens")
+    assert (ens.platform, ens.backend, ens.max_batch_size) == ("ensemble", "", 4)
+    assert [s.model_name for s in ens.ensemble_scheduling.step] == ["lookup"]
+    out = perf_repo.triton_mirror(repo, tmp_path / "mirror", steps_too)
+    assert list((out / "lookup_ens" / "1").iterdir()) == [] and (out / "lookup" / "1" / "model.py").is_file()
+    assert perf_repo.raw_inputs(configs["lookup_ens"], {}) is None  # no one ONNX file for raw onnxruntime
 
 
 def test_raw_onnxruntime_is_fed_every_input_at_each_batch(repo, configs):
