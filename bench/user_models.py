@@ -16,6 +16,10 @@ bench/perf_repo.py (issue #17: "we will run perf_analyzer ourselves ... with mod
   TreeEnsembleClassifier: 100 trees of depth 8), FP32 `X` [B, 20] -> INT64 `label` [B] and FP32 `probabilities`
   [B, 3]; no config.pbtxt (Triton completes `label` as dims [1] with an empty reshape). 6-16 us a batch-1 run: the
   server's own cost per request is nearly all of it.
+- `pipeline`: an ensemble as Triton users build them, pre- and post-processing around a model: `normalise` ((X -
+  mean) / std, FP32 [B, 256]) -> `classifier` (the sweep's mlp, 500 us queue delay) -> `softmax`, each step with
+  max_batch_size 32 and dynamic batching; the ensemble's max_batch_size 32. Measure it alone
+  (`--models pipeline`): its steps are models of the repository too.
 
 The encoder and the MobileNet are models of many small operators: the twenty-seventh pass found them slow while
 onnxruntime's intra-op threads never spun. The forest's batches, all launched into onnxruntime's pool, waited longer
@@ -52,6 +56,29 @@ max_batch_size: 8
 input [ { name: "input" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
 output [ { name: "logits" data_type: TYPE_FP32 dims: [ 1000 ] } ]
 dynamic_batching { }
+"""
+
+PIPELINE_STEP_CONFIG = """name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 32
+input [ {{ name: "{i}" data_type: TYPE_FP32 dims: [ {w_in} ] }} ]
+output [ {{ name: "{o}" data_type: TYPE_FP32 dims: [ {w_out} ] }} ]
+dynamic_batching {{ {delay} }}
+"""
+
+PIPELINE_CONFIG = """name: "pipeline"
+platform: "ensemble"
+max_batch_size: 32
+input [ { name: "features" data_type: TYPE_FP32 dims: [ 256 ] } ]
+output [ { name: "probabilities" data_type: TYPE_FP32 dims: [ 10 ] } ]
+ensemble_scheduling { step [
+  { model_name: "normalise" model_version: -1
+    input_map { key: "X" value: "features" } output_map { key: "Y" value: "scaled" } },
+  { model_name: "classifier" model_version: -1
+    input_map { key: "INPUT" value: "scaled" } output_map { key: "OUTPUT" value: "logits" } },
+  { model_name: "softmax" model_version: -1
+    input_map { key: "L" value: "logits" } output_map { key: "P" value: "probabilities" } }
+] }
 """
 
 
@@ -226,6 +253,33 @@ def forest(path: Path, seed: int = 0) -> None:
     onnx.save(model, str(path))
 
 
+def pipeline(root: Path, seed: int = 0) -> None:
+    """The ensemble described above under `root`: `normalise` ((X - mean) / std, FP32 [B, 256]), `classifier` (the
+    sweep's mlp, 256-1024-1024-10, with its 500 us queue delay), `softmax` (FP32 [B, 10]), and `pipeline` over them."""
+    from onnx import TensorProto, helper
+
+    from gt_serve.testing import model_builders as mb
+
+    def fp32(name: str, width: int):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", width])
+
+    g = Graph(seed)
+    g.node("Div", [g.node("Sub", ["X", g.weight("mean", 256, 1.0)], "centred"),
+                   g.init("std", g.rng.uniform(0.5, 1.5, 256))], "Y")
+    g.save("normalise", [fp32("X", 256)], [fp32("Y", 256)], root / "normalise" / "1" / "model.onnx")
+    g = Graph(seed)
+    g.node("Softmax", ["L"], "P", axis=-1)
+    g.save("softmax", [fp32("L", 10)], [fp32("P", 10)], root / "softmax" / "1" / "model.onnx")
+    mb.mlp(root / "classifier" / "1" / "model.onnx", seed=seed)
+    for name, i, o, w_in, w_out, delay in (("normalise", "X", "Y", 256, 256, ""), ("softmax", "L", "P", 10, 10, ""),
+                                           ("classifier", "INPUT", "OUTPUT", 256, 10,
+                                            "max_queue_delay_microseconds: 500")):
+        (root / name / "config.pbtxt").write_text(
+            PIPELINE_STEP_CONFIG.format(name=name, i=i, o=o, w_in=w_in, w_out=w_out, delay=delay))
+    (root / "pipeline" / "1").mkdir(parents=True, exist_ok=True)
+    (root / "pipeline" / "config.pbtxt").write_text(PIPELINE_CONFIG)
+
+
 def build(root: Path) -> Path:
     """The models above as a Triton-style repository under `root`."""
     encoder(root / "encoder_nocfg" / "1" / "model.onnx")
@@ -234,6 +288,7 @@ def build(root: Path) -> Path:
     mobilenet(root / "mobilenet" / "1" / "model.onnx")
     (root / "mobilenet" / "config.pbtxt").write_text(MOBILENET_CONFIG)
     forest(root / "forest" / "1" / "model.onnx")
+    pipeline(root)
     return root
 
 

@@ -1,6 +1,6 @@
 """bench/user_models.py: the users' kinds of models that bench/perf_repo.py measures (a BERT-sized text encoder with
-and without config.pbtxt, a MobileNet-like classifier, a random forest) build, run in onnxruntime, and load in
-gt-serve as Triton would complete them (issue #17: "with models and configs of our own")."""
+and without config.pbtxt, a MobileNet-like classifier, a random forest, an ensemble of three steps) build, run in
+onnxruntime, and load in gt-serve as Triton would complete them (issue #17: "with models and configs of our own")."""
 from __future__ import annotations
 
 import sys
@@ -39,8 +39,22 @@ def _completed(repo: Path, model: str):
     return cfg
 
 
-def test_the_repository_holds_the_four_models(repo):
-    assert perf_repo.repository_models(repo) == ["encoder_db", "encoder_nocfg", "forest", "mobilenet"]
+def test_the_repository_holds_the_models_and_the_pipeline_with_its_steps(repo):
+    assert perf_repo.repository_models(repo) == ["classifier", "encoder_db", "encoder_nocfg", "forest", "mobilenet",
+                                                 "normalise", "pipeline", "softmax"]
+    assert perf_repo.with_steps(repo, ["pipeline"]) == ["pipeline", "normalise", "classifier", "softmax"]
+
+
+def test_the_pipelines_steps_normalise_classify_and_give_probabilities(repo):
+    x = np.random.default_rng(0).standard_normal((3, 256)).astype(np.float32)
+    (scaled,) = _session(repo, "normalise").run(None, {"X": x})
+    (logits,) = _session(repo, "classifier").run(None, {"INPUT": scaled})
+    (p,) = _session(repo, "softmax").run(None, {"L": logits})
+    assert scaled.shape == (3, 256) and not np.allclose(scaled, x) and p.shape == (3, 10)
+    np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-5)
+    for name in ("normalise", "classifier", "softmax"):
+        cfg = _completed(repo, name)
+        assert cfg.max_batch_size == 32 and cfg.HasField("dynamic_batching"), name
 
 
 def test_the_encoder_runs_any_sequence_length_and_reads_its_mask(repo):
