@@ -42,12 +42,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from .. import __version__
 from ..errors import GtServeError, InvalidArgument, Unavailable
 from ..types import InferRequest, InferResponse, Tensor
 from .ensemble import record_ensemble_success, run_ensemble
+from .ensemble_groups import EnsembleGroups, groupable
 from .fleet_call import VISITED_PARAMETER, parse_visited
 from .fleet_link import FleetLink
 from .memory_budget import MemoryGovernor
@@ -268,20 +270,52 @@ class DataPlane:
         try:
             if model.state != READY:
                 raise Unavailable(f"model '{model.name}' version {model.version} is not ready ({model.state})")
-            feeds, batch_size, _ = check_inputs(model, request, self._shm, self._max_batch_size)
+            feeds, batch_size, shape_key = check_inputs(model, request, self._shm, self._max_batch_size)
             requested = check_outputs(model, request.outputs, self._shm)
             if request.deadline_s is None and self._default_timeout_s > 0:
                 request.deadline_s = time.monotonic() + self._default_timeout_s  # one deadline for every step
             spec = model.spec
-            inputs = {n: Tensor(n, spec.inputs[n].datatype, a.shape, a) for n, a in feeds.items()}
-            produced = await run_ensemble(model.ensemble, request, inputs, self.infer)
-            outputs = make_outputs(model, [produced[n].data for n in spec.output_order], requested, self._shm)
+            if spec.max_batch_size > 0 and groupable(request):
+                groups = model.groups
+                if groups is None:
+                    most = min(spec.max_batch_size, self._max_batch_size or spec.max_batch_size)
+                    groups = model.groups = EnsembleGroups(partial(self._run_ensemble, model), most)
+                produced = await groups.run(request, feeds, batch_size, shape_key)
+            else:
+                produced = await self._run_ensemble(model, request, feeds)
+            outputs = make_outputs(model, [produced[n] for n in spec.output_order], requested, self._shm)
         except GtServeError:
             model.stats.record_failure(_now_ns() - start_ns)
             raise
         record_ensemble_success(model.stats, batch_size, _now_ns() - start_ns)
         echo = {k: v for k, v in request.parameters.items() if k not in _NOT_ECHOED} if request.parameters else {}
         return InferResponse(model.name, model.version, request.id, outputs, echo)
+
+    async def _run_ensemble(self, model: LoadedModel, request: InferRequest, feeds: dict) -> dict:
+        """The ensemble's outputs (arrays by name) for `feeds` (arrays by name, checked against the ensemble)."""
+        spec = model.spec
+        inputs = {n: Tensor(n, spec.inputs[n].datatype, a.shape, a) for n, a in feeds.items()}
+        produced = await run_ensemble(model.ensemble, request, inputs, self._ensemble_step)
+        return {n: t.data for n, t in produced.items()}
+
+    async def _ensemble_step(self, request: InferRequest) -> InferResponse:
+        """One ensemble step's request: straight to the step model's queue where a plain request would go there
+        (`express_model`: no peers, response cache, pipeline or nested ensemble of that name decides), its form
+        checked once (`step_request` sets it); else `infer`. Never run at once (`run_now`) as an express lane's
+        lone row is: an ensemble's next request asks its steps a whole ensemble run after the last, so each step
+        looked idle, and a few clients' requests ran one row at a time (4 gRPC clients: 0.82x the inf/s at 1.39x the
+        CPU, even with only the ensemble's sole request in flight allowed to)."""
+        model = self.express_model(request.model_name, request.model_version)
+        if model is None:
+            return await self.infer(request)
+        start_ns = _now_ns()
+        try:
+            feeds, batch_size, shape_key, requested = check_request(model, request, self._shm, self._max_batch_size)
+            outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority, request.deadline_s)
+        except GtServeError:
+            model.stats.record_failure(_now_ns() - start_ns)
+            raise
+        return InferResponse(model.name, model.version, request.id, make_outputs(model, outputs, requested, self._shm))
 
     # -- statistics and repository ----------------------------------------------------------------
     async def statistics(self, name: str = "", version: str = "") -> dict:

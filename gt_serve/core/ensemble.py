@@ -268,9 +268,17 @@ async def _cancel(running: dict[asyncio.Task, int]) -> None:
 
 def step_request(request: InferRequest, model: str, version: str, inputs: list[Tensor],
                  outputs: list[RequestedOutput] | None) -> InferRequest:
-    """A step's own request: the ensemble request's id, parameters, deadline, priority and hops."""
+    """A step's own request: the ensemble request's id, parameters, deadline, priority and hops; its form (checked
+    once per step model: core/request_checks.py) where its inputs are plain arrays in memory and its outputs plain:
+    not BYTES (whose UTF-8 is checked each time), nothing in shared memory, no `classification` (a pipeline's last
+    stage is asked for the client's outputs, whose regions differ from one request to the next)."""
+    plain = all(t.data is not None and not t.parameters and t.datatype != "BYTES" for t in inputs) and \
+        (outputs is None or not any(o.parameters for o in outputs))
+    form = None if not plain else (
+        "ensemble step", tuple((t.name, t.datatype, tuple(t.shape)) for t in inputs),
+        None if outputs is None else tuple(o.name for o in outputs))
     return InferRequest(model, version, request.id, inputs, outputs, dict(request.parameters), request.deadline_s,
-                        request.priority, request.hops)
+                        request.priority, request.hops, form)
 
 
 Infer = Callable[[InferRequest], Awaitable[InferResponse]]

@@ -44,6 +44,9 @@ class LoadedModel:
     # request forms (InferRequest.form) this version has accepted: {form: (batch size, shape key, outputs)}; not
     # copied by dataclasses.replace, so a new version or a reload starts empty (core/request_checks.check_request)
     checked_forms: dict = field(default_factory=dict, init=False, repr=False)
+    # an ensemble's requests that come together, grouped to run its steps together (core/ensemble_groups.py); made
+    # by the data plane at the first request, and like checked_forms new for a new version or a reload
+    groups: Any = field(default=None, init=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,14 @@
 `platform: "ensemble"` configs; tritonclient over HTTP and gRPC; bad ensembles refused by name."""
 from __future__ import annotations
 
+import asyncio
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -40,6 +42,9 @@ JOIN = ('''  { model_name: "join" model_version: -1
     output_map { key: "SUM" value: "SUM" } }''')
 
 
+TABLE = np.arange(20, dtype=np.float32).reshape(5, 4)
+
+
 def build(root: Path) -> Path:
     for name, factor in (("pre", 2.0), ("mid", 3.0), ("post", 10.0), ("side", 5.0)):
         mb.scale(root / name / "1" / "model.onnx", factor=factor, width=4)
@@ -51,6 +56,10 @@ def build(root: Path) -> Path:
     _ensemble(root, "diamond", [JOIN, _step("side", "INPUT", "h", "OUTPUT", "right"),
                                 _step("mid", "INPUT", "h", "OUTPUT", "left"), _step("pre", "INPUT", "X", "OUTPUT", "h")],
               _fp32("X"), _fp32("SUM"))
+    # a lookup (Gather): an index out of range fails inside onnxruntime's run, after every check
+    mb.gather(root / "lookup" / "1" / "model.onnx", TABLE)
+    _ensemble(root, "lookup_ens", [_step("lookup", "INDICES", "I", "OUTPUT", "ROWS")],
+              '{ name: "I" data_type: TYPE_INT64 dims: [ 1 ] }', '{ name: "ROWS" data_type: TYPE_FP32 dims: [ 1, 4 ] }')
     bad = {
         "bad_cycle": [_step("mid", "INPUT", "b", "OUTPUT", "a"), _step("side", "INPUT", "a", "OUTPUT", "b"),
                       _step("post", "INPUT", "X", "OUTPUT", "Y")],
@@ -110,6 +119,30 @@ def test_diamond_over_http_and_grpc(srv):
     x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
     np.testing.assert_allclose(_http_infer(srv, "diamond", "X", x).as_numpy("SUM"), x * 16, rtol=1e-6)
     np.testing.assert_allclose(_grpc_infer(srv, "diamond", "X", x).as_numpy("SUM"), x * 16, rtol=1e-6)
+
+
+def test_concurrent_requests_each_get_their_own_rows_and_a_bad_one_fails_alone(srv):
+    """Requests that come together run the ensemble's steps together (core/ensemble_groups.py); one whose index is out
+    of range fails the lookup's run, and gets its own error, while the others get their own rows."""
+    async def main():
+        async with grpcaio.InferenceServerClient(srv.grpc_url) as client:
+            async def one(index: int):
+                inp = grpcaio.InferInput("I", [1, 1], "INT64")
+                inp.set_data_from_numpy(np.array([[index]], np.int64))
+                return (await client.infer("lookup_ens", [inp])).as_numpy("ROWS")
+            indices = [i % 5 for i in range(40)]
+            indices[17] = 99
+            return indices, await asyncio.gather(*(one(i) for i in indices), return_exceptions=True)
+
+    indices, results = asyncio.run(main())
+    for index, result in zip(indices, results):
+        if index == 99:
+            assert isinstance(result, InferenceServerException) and "lookup" in str(result), result
+        else:
+            np.testing.assert_array_equal(result, TABLE[index].reshape(1, 1, 4))
+    stats = {s["name"]: s for s in httpclient.InferenceServerClient(srv.http_url).get_inference_statistics(
+        "lookup_ens")["model_stats"]}
+    assert stats["lookup_ens"]["inference_stats"]["fail"]["count"] >= 1
 
 
 def test_classification_on_an_ensemble_output(srv):

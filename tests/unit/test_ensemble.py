@@ -10,10 +10,10 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from gt_serve.core.ensemble import (StepNeedsInputs, complete_ensemble_config, plan_from_config, prepare_ensemble,
-                                    run_dag, run_ensemble)
+                                    run_dag, run_ensemble, step_request)
 from gt_serve.core.model_config import parse_pbtxt, spec_from_config
 from gt_serve.errors import ConfigError, InvalidArgument, Unavailable
-from gt_serve.types import InferRequest, InferResponse, Tensor
+from gt_serve.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 WAIT_S = 5.0
 
@@ -209,3 +209,23 @@ async def test_run_ensemble_maps_tensors_and_names_the_failing_step():
 
     with pytest.raises(Unavailable, match=r"ensemble 'e' step 3 \('join'\): model 'join' is not ready"):
         await run_ensemble(plan, request, {"X": _t("X", 1.0)}, broken)
+
+
+def test_a_steps_request_has_a_form_only_where_its_inputs_and_outputs_are_plain():
+    """The form lets the step model check a step's request once per shape (core/request_checks.check_request); a
+    request whose data or answer lies elsewhere (shared memory, BYTES, classification) is checked every time."""
+    req = InferRequest("ens", parameters={"binary_data_output": True})
+    x = np.zeros((2, 4), np.float32)
+
+    def form(inputs, outputs=None):
+        return step_request(req, "m", "", inputs, outputs).form
+
+    plain = form([Tensor("INPUT", "FP32", (2, 4), x)], [RequestedOutput("OUTPUT")])
+    assert plain is not None and plain == form([Tensor("INPUT", "FP32", [2, 4], x + 1)], [RequestedOutput("OUTPUT")])
+    assert plain != form([Tensor("INPUT", "FP32", (3, 4), np.zeros((3, 4), np.float32))], [RequestedOutput("OUTPUT")])
+    assert plain != form([Tensor("INPUT", "FP32", (2, 4), x)], [RequestedOutput("OTHER")])
+    assert form([Tensor("S", "BYTES", (1, 1), np.array([[b"a"]], object))]) is None
+    assert form([Tensor("INPUT", "FP32", (2, 4), None, {"shared_memory_region": "in"})]) is None
+    assert form([Tensor("INPUT", "FP32", (2, 4), x)],
+                [RequestedOutput("OUTPUT", {"shared_memory_region": "out", "shared_memory_byte_size": 32})]) is None
+    assert form([Tensor("INPUT", "FP32", (2, 4), x)], [RequestedOutput("OUTPUT", {"classification": 2})]) is None
