@@ -139,17 +139,13 @@ class EnsembleGroups:
         try:
             produced = await self._run(request, feeds)
         except SHARED_ERRORS as exc:  # the server's state, not a request's data: each would meet it
-            for m in members:
-                if not m.future.done():
-                    m.future.set_exception(exc)
+            _fail(members, exc)
             return
         except GtServeError:  # whose error it is: each request again, alone
             await asyncio.gather(*(self._answer(m) for m in members))
             return
         except BaseException as exc:
-            for m in members:
-                if not m.future.done():
-                    m.future.set_exception(exc)
+            _fail(members, exc)
             raise
         start = 0
         for m in members:
@@ -165,12 +161,10 @@ class EnsembleGroups:
         try:
             produced = await self._run(member.request, member.feeds)
         except GtServeError as exc:
-            if not member.future.done():
-                member.future.set_exception(exc)
+            _fail([member], exc)
             return
         except BaseException as exc:
-            if not member.future.done():
-                member.future.set_exception(exc)
+            _fail([member], exc)
             raise
         if not member.future.done():
             member.future.set_result(produced)
@@ -179,3 +173,13 @@ class EnsembleGroups:
 def _earliest(members: list[_Member]) -> float | None:
     deadlines = [m.request.deadline_s for m in members if m.request.deadline_s is not None]
     return min(deadlines) if deadlines else None
+
+
+def _fail(members: list[_Member], exc: BaseException) -> None:
+    """Each member still waiting gets `exc` (cancelled, where the group's run was)."""
+    for m in members:
+        if not m.future.done():
+            if isinstance(exc, asyncio.CancelledError):
+                m.future.cancel()
+            else:
+                m.future.set_exception(exc)

@@ -175,3 +175,19 @@ def test_a_group_that_meets_the_servers_state_is_not_run_again():
     calls, results = asyncio.run(main())
     assert [c.ravel().tolist() for c in calls] == [[0], [1, 2]]  # no run request by request after the group's
     assert all(isinstance(r, QueueFull) for r in results)
+
+
+def test_a_group_whose_run_is_cancelled_cancels_its_requests():
+    async def main():
+        runs, groups, busy = await _one_running()
+        tasks = [asyncio.ensure_future(groups.run(_request(), _rows(v), 1, ((1,),))) for v in (1, 2)]
+        await _started(runs, 2)
+        for task in list(groups._tasks):  # the server stops: the group's own task is cancelled
+            task.cancel()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)  # none left waiting
+        runs.release.set()
+        return results, await busy, groups.in_flight
+
+    results, first, in_flight = asyncio.run(main())
+    assert all(isinstance(r, asyncio.CancelledError) for r in results)
+    assert first["Y"].ravel().tolist() == [0] and in_flight == 0
