@@ -270,7 +270,7 @@ class DataPlane:
         try:
             if model.state != READY:
                 raise Unavailable(f"model '{model.name}' version {model.version} is not ready ({model.state})")
-            feeds, batch_size, shape_key = check_inputs(model, request, self._shm, self._max_batch_size)
+            feeds, batch_size, _ = check_inputs(model, request, self._shm, self._max_batch_size)
             requested = check_outputs(model, request.outputs, self._shm)
             if request.deadline_s is None and self._default_timeout_s > 0:
                 request.deadline_s = time.monotonic() + self._default_timeout_s  # one deadline for every step
@@ -280,7 +280,7 @@ class DataPlane:
                 if groups is None:
                     most = min(spec.max_batch_size, self._max_batch_size or spec.max_batch_size)
                     groups = model.groups = EnsembleGroups(partial(self._run_ensemble, model), most)
-                produced = await groups.run(request, feeds, batch_size, shape_key)
+                produced = await groups.run(request, feeds, batch_size)
             else:
                 produced = await self._run_ensemble(model, request, feeds)
             outputs = make_outputs(model, [produced[n] for n in spec.output_order], requested, self._shm)

@@ -3,8 +3,8 @@
 Each step of an ensemble is a request to its step model, batched there with the others. Run one ensemble request at
 a time, every request pays for its own step requests: a queue entry, a future and a wake-up of its coroutine per step,
 and the checks and tensors around them. A pipeline of two trivial steps around mlp cost ~2.7x mlp's CPU per inference
-at 64 HTTP clients. Here the requests of one ensemble read in the same turn of the event loop (same shapes, priority
-and hops; no parameters but transport directives) form a group, and the group's rows go through the steps as one
+at 64 HTTP clients. Here the requests of one ensemble read in the same turn of the event loop (the same inputs and
+shapes, priority and hops; no parameters but transport directives) form a group, and the group's rows go through the steps as one
 request: its inputs concatenated, its outputs split back into each request's rows. The step models see fewer,
 larger requests; what they compute is the same (their batches already mix requests), and so are the answers.
 
@@ -65,7 +65,7 @@ def groupable(request: InferRequest) -> bool:
 
 
 class EnsembleGroups:
-    """Per loaded ensemble, on the loop's thread: `run(request, feeds, rows, shape_key)` -> the ensemble's outputs
+    """Per loaded ensemble, on the loop's thread: `run(request, feeds, rows)` -> the ensemble's outputs
     for that request (by name). `max_rows`: the most rows a group holds; `group_from`: requests in flight up to which
     a request runs alone unless a group is open (no more than `max_rows`)."""
 
@@ -86,20 +86,20 @@ class EnsembleGroups:
         """The ensemble's requests in flight, alone or grouped."""
         return self._requests
 
-    async def run(self, request: InferRequest, feeds: dict[str, np.ndarray], rows: int,
-                  shape_key: tuple) -> dict[str, np.ndarray]:
+    async def run(self, request: InferRequest, feeds: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         self._requests += 1
         try:
             if self._requests <= self._group_from and not self._open:
                 return await self._run(request, feeds)
-            return await self._grouped(request, feeds, rows, shape_key)
+            return await self._grouped(request, feeds, rows)
         finally:
             self._requests -= 1
 
-    async def _grouped(self, request: InferRequest, feeds: dict[str, np.ndarray], rows: int,
-                       shape_key: tuple) -> dict[str, np.ndarray]:
+    async def _grouped(self, request: InferRequest, feeds: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()
-        key = (shape_key, request.priority, request.hops)
+        # the inputs by name (a request may give them in any order, and leave an optional one out) and their shapes
+        # past the batch dimension: what can be concatenated
+        key = (tuple(sorted((name, a.shape[1:]) for name, a in feeds.items())), request.priority, request.hops)
         group = self._open.get(key)
         if group is None or group.rows + rows > self._max_rows:
             if group is not None:

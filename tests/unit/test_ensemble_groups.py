@@ -55,7 +55,7 @@ async def _one_running(max_rows: int = 8) -> tuple[Runs, EnsembleGroups, asyncio
     """An ensemble that groups from its second request in flight, with one request running (held by `release`)."""
     runs = Runs()
     groups = EnsembleGroups(runs, max_rows=max_rows, group_from=1)
-    busy = asyncio.ensure_future(groups.run(_request(), _rows(0), 1, ((1,),)))
+    busy = asyncio.ensure_future(groups.run(_request(), _rows(0), 1))
     await _started(runs, 1)
     return runs, groups, busy
 
@@ -64,9 +64,9 @@ def test_requests_run_alone_until_enough_are_in_flight_then_together():
     async def main():
         runs = Runs()
         groups = EnsembleGroups(runs, max_rows=3)  # a group holds 3 rows: the fourth request in flight is grouped
-        alone = [asyncio.ensure_future(groups.run(_request(), _rows(v), 1, ((1,),))) for v in (1, 2, 3)]
+        alone = [asyncio.ensure_future(groups.run(_request(), _rows(v), 1)) for v in (1, 2, 3)]
         await _started(runs, 3)  # three in flight: each runs alone, at once
-        later = [asyncio.ensure_future(groups.run(_request(), _rows(v), 1, ((1,),))) for v in (4, 5)]
+        later = [asyncio.ensure_future(groups.run(_request(), _rows(v), 1)) for v in (4, 5)]
         await _started(runs, 4)
         runs.release.set()
         results = await asyncio.gather(*alone, *later)
@@ -81,9 +81,9 @@ def test_a_request_alone_runs_at_once_and_the_next_ones_run_together():
     async def main():
         runs = Runs()
         groups = EnsembleGroups(runs, max_rows=8, group_from=1)
-        first = asyncio.ensure_future(groups.run(_request(), _rows(1), 1, ((1,),)))
+        first = asyncio.ensure_future(groups.run(_request(), _rows(1), 1))
         await _started(runs, 1)  # alone, the moment it came
-        later = [asyncio.ensure_future(groups.run(_request(), _rows(v), 1, ((1,),))) for v in (2, 3, 4)]
+        later = [asyncio.ensure_future(groups.run(_request(), _rows(v), 1)) for v in (2, 3, 4)]
         await _started(runs, 2)
         runs.release.set()
         results = await asyncio.gather(first, *later)
@@ -98,10 +98,10 @@ def test_groups_keep_to_one_shape_and_their_rows_limit():
     async def main():
         runs, groups, busy = await _one_running(4)
         wide = {"X": np.array([[5.0, 6.0]], np.float32)}
-        tasks = [asyncio.ensure_future(groups.run(_request(), _rows(1, 2, 3), 3, ((1,),))),
-                 asyncio.ensure_future(groups.run(_request(), _rows(4, 5), 2, ((1,),))),  # 5 rows: a new group
-                 asyncio.ensure_future(groups.run(_request(), wide, 1, ((2,),))),  # another shape
-                 asyncio.ensure_future(groups.run(_request(), _rows(6, 7), 2, ((1,),)))]
+        tasks = [asyncio.ensure_future(groups.run(_request(), _rows(1, 2, 3), 3)),
+                 asyncio.ensure_future(groups.run(_request(), _rows(4, 5), 2)),  # 5 rows: a new group
+                 asyncio.ensure_future(groups.run(_request(), wide, 1)),  # another shape
+                 asyncio.ensure_future(groups.run(_request(), _rows(6, 7), 2))]
         await _started(runs, 4)
         runs.release.set()
         results = await asyncio.gather(busy, *tasks)
@@ -115,7 +115,7 @@ def test_groups_keep_to_one_shape_and_their_rows_limit():
 def test_a_failed_group_runs_again_request_by_request_and_only_the_bad_one_fails():
     async def main():
         runs, groups, busy = await _one_running()
-        tasks = [asyncio.ensure_future(groups.run(_request(), _rows(v), 1, ((1,),))) for v in (1, -1, 3)]
+        tasks = [asyncio.ensure_future(groups.run(_request(), _rows(v), 1)) for v in (1, -1, 3)]
         await _started(runs, 2)
         runs.release.set()
         results = await asyncio.gather(busy, *tasks, return_exceptions=True)
@@ -130,8 +130,8 @@ def test_a_failed_group_runs_again_request_by_request_and_only_the_bad_one_fails
 def test_a_request_whose_client_left_does_not_stop_its_group():
     async def main():
         runs, groups, busy = await _one_running()
-        gone = asyncio.ensure_future(groups.run(_request(), _rows(1), 1, ((1,),)))
-        stays = asyncio.ensure_future(groups.run(_request(), _rows(2), 1, ((1,),)))
+        gone = asyncio.ensure_future(groups.run(_request(), _rows(1), 1))
+        stays = asyncio.ensure_future(groups.run(_request(), _rows(2), 1))
         await _started(runs, 2)
         gone.cancel()
         runs.release.set()
@@ -152,9 +152,9 @@ def test_only_requests_without_parameters_of_their_own_are_grouped():
 def test_requests_of_another_priority_run_apart(priority):
     async def main():
         runs, groups, busy = await _one_running()
-        a = asyncio.ensure_future(groups.run(_request(priority=priority), _rows(1), 1, ((1,),)))
-        b = asyncio.ensure_future(groups.run(_request(priority=3), _rows(2), 1, ((1,),)))
-        c = asyncio.ensure_future(groups.run(_request(priority=priority), _rows(3), 1, ((1,),)))
+        a = asyncio.ensure_future(groups.run(_request(priority=priority), _rows(1), 1))
+        b = asyncio.ensure_future(groups.run(_request(priority=3), _rows(2), 1))
+        c = asyncio.ensure_future(groups.run(_request(priority=priority), _rows(3), 1))
         await _started(runs, 3)
         runs.release.set()
         await asyncio.gather(busy, a, b, c)
@@ -166,7 +166,7 @@ def test_requests_of_another_priority_run_apart(priority):
 def test_a_group_that_meets_the_servers_state_is_not_run_again():
     async def main():
         runs, groups, busy = await _one_running()
-        tasks = [asyncio.ensure_future(groups.run(_request(), _rows(v), 1, ((1,),))) for v in (1, 2)]
+        tasks = [asyncio.ensure_future(groups.run(_request(), _rows(v), 1)) for v in (1, 2)]
         await _started(runs, 2)
         runs.full = True
         runs.release.set()
@@ -180,7 +180,7 @@ def test_a_group_that_meets_the_servers_state_is_not_run_again():
 def test_a_group_whose_run_is_cancelled_cancels_its_requests():
     async def main():
         runs, groups, busy = await _one_running()
-        tasks = [asyncio.ensure_future(groups.run(_request(), _rows(v), 1, ((1,),))) for v in (1, 2)]
+        tasks = [asyncio.ensure_future(groups.run(_request(), _rows(v), 1)) for v in (1, 2)]
         await _started(runs, 2)
         for task in list(groups._tasks):  # the server stops: the group's own task is cancelled
             task.cancel()
@@ -191,3 +191,22 @@ def test_a_group_whose_run_is_cancelled_cancels_its_requests():
     results, first, in_flight = asyncio.run(main())
     assert all(isinstance(r, asyncio.CancelledError) for r in results)
     assert first["Y"].ravel().tolist() == [0] and in_flight == 0
+
+
+def test_requests_group_by_their_inputs_names_and_shapes_in_any_order():
+    """An optional input left out, or the inputs given in another order: grouped only with requests whose inputs can
+    be concatenated name by name."""
+    async def main():
+        runs, groups, busy = await _one_running()
+        w = np.zeros((1, 2), np.float32)
+        tasks = [asyncio.ensure_future(groups.run(_request(), {"X": _rows(1)["X"]}, 1)),
+                 asyncio.ensure_future(groups.run(_request(), {"X": _rows(2)["X"], "W": w}, 1)),
+                 asyncio.ensure_future(groups.run(_request(), {"W": w, "X": _rows(3)["X"]}, 1)),
+                 asyncio.ensure_future(groups.run(_request(), {"X": _rows(4)["X"], "Z": w}, 1))]
+        await _started(runs, 4)
+        runs.release.set()
+        return runs.calls, await asyncio.gather(busy, *tasks)
+
+    calls, results = asyncio.run(main())
+    assert sorted(c.ravel().tolist() for c in calls) == [[0], [1], [2, 3], [4]]
+    assert [r["Y"].ravel().tolist() for r in results] == [[0], [2], [4], [6], [8]]
