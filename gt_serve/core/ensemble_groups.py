@@ -4,9 +4,9 @@ Each step of an ensemble is a request to its step model, batched there with the 
 a time, every request pays for its own step requests: a queue entry, a future and a wake-up of its coroutine per step,
 and the checks and tensors around them. A pipeline of two trivial steps around mlp cost ~2.7x mlp's CPU per inference
 at 64 HTTP clients. Here the requests of one ensemble read in the same turn of the event loop (the same inputs and
-shapes, priority and hops; no parameters but transport directives) form a group, and the group's rows go through the steps as one
-request: its inputs concatenated, its outputs split back into each request's rows. The step models see fewer,
-larger requests; what they compute is the same (their batches already mix requests), and so are the answers.
+shapes, priority and hops; no parameters but transport directives) form a group, and the group's rows go through the
+steps as one request: its inputs concatenated, its outputs split back into each request's rows. The step models see
+fewer, larger requests; what they compute is the same (their batches already mix requests), and so are the answers.
 
 - Only under load: a request runs alone at once while no more of the ensemble's requests are in flight (this one
   included) than GROUP_FROM (or the ensemble's max_batch_size, if less) and no group is open: no wait, no task. So
