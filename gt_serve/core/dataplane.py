@@ -10,7 +10,9 @@ for the client (protocol/status.py maps it to each transport's status).
   readiness     core/model_control.py    ready / strict readiness / draining (App drives it)
   fleet         core/fleet_link.py       routing to peers; None on a single node, empty until the cluster starts
   pipelines     core/pipeline.py         models split into stages, addressed by name (built here: stages call infer)
-  ensembles     core/ensemble.py         registry models whose steps run back through infer (a step may run on a peer)
+  ensembles     core/ensemble.py         registry models whose steps go to a local step model's queue, else back
+                                         through infer (a step may run on a peer); core/ensemble_groups.py runs
+                                         the steps of requests that come together as one request under load
   shm/cuda_shm  core/shared_memory.py    registered regions; inputs read and outputs written there
   request_checks / outputs               the per-request checks and the response's tensors
 
