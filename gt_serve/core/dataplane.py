@@ -282,7 +282,11 @@ class DataPlane:
                 if groups is None:
                     most = min(spec.max_batch_size, self._max_batch_size or spec.max_batch_size)
                     groups = model.groups = EnsembleGroups(partial(self._run_ensemble, model), most)
-                produced = await groups.run(request, feeds, batch_size)
+                if groups.alone():  # the common case at light load, without run()'s coroutine
+                    with groups:
+                        produced = await self._run_ensemble(model, request, feeds)
+                else:
+                    produced = await groups.run(request, feeds, batch_size)
             else:
                 produced = await self._run_ensemble(model, request, feeds)
             outputs = make_outputs(model, [produced[n] for n in spec.output_order], requested, self._shm)

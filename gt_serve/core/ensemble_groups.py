@@ -65,9 +65,10 @@ def groupable(request: InferRequest) -> bool:
 
 
 class EnsembleGroups:
-    """Per loaded ensemble, on the loop's thread: `run(request, feeds, rows)` -> the ensemble's outputs
-    for that request (by name). `max_rows`: the most rows a group holds; `group_from`: requests in flight up to which
-    a request runs alone unless a group is open (no more than `max_rows`)."""
+    """Per loaded ensemble, on the loop's thread: `run(request, feeds, rows)` -> the ensemble's outputs for that
+    request (by name); or, where `alone()`, the caller runs the request itself within `with groups:`. `max_rows`: the
+    most rows a group holds; `group_from`: requests in flight up to which a request runs alone unless a group is
+    open (no more than `max_rows`)."""
 
     __slots__ = ("_run", "_max_rows", "_group_from", "_open", "_closed", "_requests", "_flushing", "_tasks")
 
@@ -86,14 +87,24 @@ class EnsembleGroups:
         """The ensemble's requests in flight, alone or grouped."""
         return self._requests
 
-    async def run(self, request: InferRequest, feeds: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    def alone(self) -> bool:
+        """Whether a request that comes now runs alone. The caller may then run it itself, counted in flight for as
+        long as it runs (`with groups:`), and save `run`'s coroutine: at 4 gRPC clients, where every request runs
+        alone, 0.98x the inf/s of the code before against 0.95x through `run` (3 rounds)."""
+        return self._requests < self._group_from and not self._open
+
+    def __enter__(self) -> EnsembleGroups:
         self._requests += 1
-        try:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._requests -= 1
+
+    async def run(self, request: InferRequest, feeds: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+        with self:
             if self._requests <= self._group_from and not self._open:
                 return await self._run(request, feeds)
             return await self._grouped(request, feeds, rows)
-        finally:
-            self._requests -= 1
 
     async def _grouped(self, request: InferRequest, feeds: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()

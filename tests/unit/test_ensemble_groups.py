@@ -210,3 +210,22 @@ def test_requests_group_by_their_inputs_names_and_shapes_in_any_order():
     calls, results = asyncio.run(main())
     assert sorted(c.ravel().tolist() for c in calls) == [[0], [1], [2, 3], [4]]
     assert [r["Y"].ravel().tolist() for r in results] == [[0], [2], [4], [6], [8]]
+
+
+def test_a_caller_may_run_a_lone_request_itself_counted_in_flight():
+    async def main():
+        runs = Runs()
+        groups = EnsembleGroups(runs, max_rows=2)
+        seen = []
+        with groups:  # the data plane's way for a request that runs alone
+            seen.append(groups.alone())
+            with groups:
+                seen.append((groups.alone(), groups.in_flight))
+                grouped = asyncio.ensure_future(groups.run(_request(), _rows(5), 1))  # the third: grouped
+                await _started(runs, 1)
+                seen.append(groups.in_flight)
+        runs.release.set()
+        return seen, await grouped, groups.in_flight
+
+    seen, grouped, in_flight = asyncio.run(main())
+    assert seen == [True, (False, 2), 3] and grouped["Y"].ravel().tolist() == [10] and in_flight == 0
