@@ -44,6 +44,8 @@ import numpy as np  # noqa: E402
 import perf_sweep  # noqa: E402
 import sweep_servers  # noqa: E402
 
+from gt_serve.core.ensemble import is_ensemble  # noqa: E402
+from gt_serve.core.model_config import parse_pbtxt  # noqa: E402
 from gt_serve.testing.launcher import launch  # noqa: E402
 
 
@@ -57,14 +59,11 @@ def repository_models(repo: Path) -> list[str]:
 
 def ensemble_config(model_dir: Path):
     """The model's config.pbtxt (a ModelConfig) if it declares an ensemble, else None."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2 as mc
-
     path = model_dir / "config.pbtxt"
     if not path.is_file():
         return None
-    cfg = text_format.Parse(path.read_text(), mc.ModelConfig())
-    return cfg if "ensemble" in (cfg.platform, cfg.backend) else None
+    cfg = parse_pbtxt(path.read_text(), str(path))
+    return cfg if is_ensemble(cfg) else None
 
 
 def with_steps(repo: Path, models: list[str]) -> list[str]:
@@ -111,7 +110,7 @@ def triton_pbtxt(config: dict) -> str:
     from tritonclient.grpc import model_config_pb2 as mc
 
     cfg = json_format.ParseDict(config, mc.ModelConfig(), ignore_unknown_fields=True)
-    if cfg.platform == "ensemble":
+    if is_ensemble(cfg):
         return text_format.MessageToString(cfg)
     cfg.platform = ""
     cfg.backend = "python"
