@@ -101,10 +101,9 @@ class EnsembleGroups:
         self._requests -= 1
 
     async def run(self, request: InferRequest, feeds: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+        alone = self.alone()
         with self:
-            if self._requests <= self._group_from and not self._open:
-                return await self._run(request, feeds)
-            return await self._grouped(request, feeds, rows)
+            return await (self._run(request, feeds) if alone else self._grouped(request, feeds, rows))
 
     async def _grouped(self, request: InferRequest, feeds: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()
