@@ -9,10 +9,13 @@ for the client (protocol/status.py maps it to each transport's status).
   control       core/model_control.py    metadata, config, statistics, repository index/load/unload
   readiness     core/model_control.py    ready / strict readiness / draining (App drives it)
   fleet         core/fleet_link.py       routing to peers; None on a single node, empty until the cluster starts
-  pipelines     core/pipeline.py         models split into stages, addressed by name (built here: stages call infer)
-  ensembles     core/ensemble.py         registry models whose steps go to a local step model's queue, else back
-                                         through infer (a step may run on a peer); core/ensemble_groups.py runs
-                                         the steps of requests that come together as one request under load
+  pipelines     core/pipeline.py         models split into stages, addressed by name (built here: each stage's
+                                         request is routed as infer routes one, here or on a peer)
+  ensembles     core/ensemble.py         registry models whose steps go to a local step model's queue, else are
+                                         routed as infer routes a request; core/ensemble_groups.py runs the steps
+                                         of requests that come together as one request under load
+                A drain refuses new requests in `infer`; the stages and steps of a request taken in before it
+                still run (`_route`, not `infer`), so that the drain lets it finish.
   shm/cuda_shm  core/shared_memory.py    registered regions; inputs read and outputs written there
   request_checks / outputs               the per-request checks and the response's tensors
 
@@ -112,7 +115,7 @@ class DataPlane:
                            local_info=self._control.stage_info,
                            peer_targets=fleet.targets_for if fleet is not None else lambda model: [],
                            describe_peer=lambda: fleet.describe_peer if fleet is not None else None,
-                           infer=self.infer, node=node)
+                           infer=self._route, node=node)
 
     def _is_pipeline(self, name: str) -> bool:
         return self._pipelines is not None and name in self._pipelines
@@ -147,13 +150,17 @@ class DataPlane:
         """`trace`: the request's record when the front end traces it (core/trace_context.py), else None."""
         if self._readiness.draining:
             raise Unavailable("the server is shutting down and takes no new requests")
+        return await self._route(request, trace)
+
+    async def _route(self, request: InferRequest, trace: RequestTrace | None = None) -> InferResponse:
+        """A request taken in (a client's, or a stage or step of one): to its pipeline, ensemble, a peer or here."""
         hops = request.parameters.pop(HOPS_PARAMETER, None)
         if isinstance(hops, int) and not isinstance(hops, bool):
             request.hops = max(request.hops, hops)
         if self._pipelines is not None and request.model_name in self._pipelines:
             return await self._pipelines.infer(request)
         ensemble = self._registry.ensemble_of(request.model_name, request.model_version)
-        if ensemble is not None:  # runs here; each step goes back through infer (here or a peer)
+        if ensemble is not None:  # runs here; each step goes to its model's queue, or is routed (here or a peer)
             return await self._infer_ensemble(ensemble, request)
         visited = request.parameters.pop(VISITED_PARAMETER, None)
         fleet = self._fleet
@@ -164,14 +171,17 @@ class DataPlane:
                                      local_ready=lambda: registry.ready(request.model_name, request.model_version))
         return await self._infer_here(request, trace)
 
-    async def _infer_here(self, request: InferRequest, trace: RequestTrace | None = None) -> InferResponse:
+    async def _infer_here(self, request: InferRequest, trace: RequestTrace | None = None,
+                          model: LoadedModel | None = None) -> InferResponse:
+        """`model`: the ready model the request is for, where the caller has looked it up (`_local_model`)."""
         start_ns = _now_ns()
-        try:
-            model = self._registry.get(request.model_name, request.model_version)
-        except Unavailable as exc:
-            model = await self._reloaded(request, exc)
-        if model.state != READY:
-            raise Unavailable(f"model '{model.name}' version {model.version} is not ready ({model.state})")
+        if model is None:
+            try:
+                model = self._registry.get(request.model_name, request.model_version)
+            except Unavailable as exc:
+                model = await self._reloaded(request, exc)
+            if model.state != READY:
+                raise Unavailable(f"model '{model.name}' version {model.version} is not ready ({model.state})")
         try:
             feeds, batch_size, shape_key, requested = check_request(model, request, self._shm, self._max_batch_size)
             deadline_s = request.deadline_s
@@ -206,7 +216,11 @@ class DataPlane:
         peers, a response cache, a model not loaded or not ready. A plain request: no parameters but
         `binary_data_output`, no timeout of its own, a form already checked on that model (its regions looked up
         for each request: `express_regions`, `express_outputs`)."""
-        if self._readiness.draining or self._response_cache is not None or self._is_pipeline(name):
+        return None if self._readiness.draining else self._local_model(name, version)
+
+    def _local_model(self, name: str, version: str = "") -> LoadedModel | None:
+        """express_model's answer for a request already taken in (a drain lets it finish)."""
+        if self._response_cache is not None or self._is_pipeline(name):
             return None
         fleet = self._fleet
         if fleet is not None and fleet.connected:
@@ -306,22 +320,15 @@ class DataPlane:
 
     async def _ensemble_step(self, request: InferRequest) -> InferResponse:
         """One ensemble step's request: straight to the step model's queue where a plain request would go there
-        (`express_model`: no peers, response cache, pipeline or nested ensemble of that name decides), its form
-        checked once (`step_request` sets it); else `infer`. Never run at once (`run_now`) as an express lane's
-        lone row is: an ensemble's next request asks its steps a whole ensemble run after the last, so each step
-        looked idle, and a few clients' requests ran one row at a time (4 gRPC clients: 0.82x the inf/s at 1.39x the
-        CPU, even with only the ensemble's sole request in flight allowed to)."""
-        model = self.express_model(request.model_name, request.model_version)
+        (`_local_model`: no peers, response cache, pipeline or nested ensemble of that name decides), its form
+        checked once (`step_request` sets it); else routed as `infer` routes a request. Never run at once
+        (`run_now`) as an express lane's lone row is: an ensemble's next request asks its steps a whole ensemble
+        run after the last, so each step looked idle, and a few clients' requests ran one row at a time (4 gRPC
+        clients: 0.82x the inf/s at 1.39x the CPU, even with only the ensemble's sole request in flight allowed to)."""
+        model = self._local_model(request.model_name, request.model_version)
         if model is None:
-            return await self.infer(request)
-        start_ns = _now_ns()
-        try:
-            feeds, batch_size, shape_key, requested = check_request(model, request, self._shm, self._max_batch_size)
-            outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority, request.deadline_s)
-        except GtServeError:
-            model.stats.record_failure(_now_ns() - start_ns)
-            raise
-        return InferResponse(model.name, model.version, request.id, make_outputs(model, outputs, requested, self._shm))
+            return await self._route(request)
+        return await self._infer_here(request, model=model)
 
     # -- statistics and repository ----------------------------------------------------------------
     async def statistics(self, name: str = "", version: str = "") -> dict:

@@ -342,3 +342,62 @@ async def test_a_pipeline_may_not_take_a_model_name(tmp_path):
     plane, _, _ = await make_plane(tmp_path / "p", pipelines={"chain": ["scaled"]})
     assert await plane.model_ready("chain")
     assert (await plane.model_metadata("chain"))["platform"] == "pipeline"
+
+
+# ------------------------------------------------------------------------------- draining
+
+class GatedExecutor(ScaleExecutor):
+    """A ScaleExecutor whose first call waits for `gate`, saying so on `entered`."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__(factor)
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def submit(self, feeds, batch_size, shape_key, priority, deadline_s):
+        if not self.entered.is_set():
+            self.entered.set()
+            await asyncio.wait_for(self.gate.wait(), BOUND_S)
+        return await super().submit(feeds, batch_size, shape_key, priority, deadline_s)
+
+
+class GatedHost(NumpyHost):
+    def __init__(self) -> None:
+        super().__init__()
+        self.executor = GatedExecutor(2.0)
+
+    def open(self, model) -> Opened:
+        self.opened.append(model.name)
+        return Opened(self.executor, ["numpy"])
+
+
+TWICE = """name: "twice" platform: "ensemble" max_batch_size: 4
+input { name: "X" data_type: TYPE_FP32 dims: [ 4 ] }
+output { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }
+ensemble_scheduling { step [
+  { model_name: "scaled" model_version: -1 input_map { key: "INPUT" value: "X" } output_map { key: "OUTPUT" value: "h" } },
+  { model_name: "scaled" model_version: -1 input_map { key: "INPUT" value: "h" } output_map { key: "OUTPUT" value: "Y" } }
+] }
+"""
+
+
+@pytest.mark.asyncio
+async def test_an_ensemble_admitted_before_the_drain_runs_its_later_steps_and_new_requests_are_refused(tmp_path):
+    (tmp_path / "twice" / "1").mkdir(parents=True)
+    (tmp_path / "twice" / "config.pbtxt").write_text(TWICE)
+    host = GatedHost()
+    registry = ModelRegistry(make_repo(tmp_path), describe_model, host)
+    await registry.load("scaled")
+    await registry.load("twice")
+    readiness = Readiness(registry)
+    plane = DataPlane(registry, ModelControl(registry, "explicit"), readiness)
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    running = asyncio.ensure_future(plane.infer(InferRequest("twice", "", "e1", [Tensor("X", "FP32", (1, 4), x)])))
+    await asyncio.wait_for(host.executor.entered.wait(), BOUND_S)  # the first step is in its model's queue
+    readiness.set_draining()
+    with pytest.raises(Unavailable, match="shutting down"):
+        await plane.infer(InferRequest("twice", "", "e2", [Tensor("X", "FP32", (1, 4), x)]))
+    host.executor.gate.set()
+    response = await asyncio.wait_for(running, BOUND_S)
+    np.testing.assert_array_equal(response.outputs[0].data, x * 4)  # both steps ran
+    assert len(host.executor.calls) == 2
