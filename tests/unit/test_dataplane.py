@@ -375,8 +375,10 @@ TWICE = """name: "twice" platform: "ensemble" max_batch_size: 4
 input { name: "X" data_type: TYPE_FP32 dims: [ 4 ] }
 output { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }
 ensemble_scheduling { step [
-  { model_name: "scaled" model_version: -1 input_map { key: "INPUT" value: "X" } output_map { key: "OUTPUT" value: "h" } },
-  { model_name: "scaled" model_version: -1 input_map { key: "INPUT" value: "h" } output_map { key: "OUTPUT" value: "Y" } }
+  { model_name: "scaled" model_version: -1
+    input_map { key: "INPUT" value: "X" } output_map { key: "OUTPUT" value: "h" } },
+  { model_name: "scaled" model_version: -1
+    input_map { key: "INPUT" value: "h" } output_map { key: "OUTPUT" value: "Y" } }
 ] }
 """
 
