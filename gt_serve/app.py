@@ -179,8 +179,10 @@ class App:
 
     def _build_energy(self) -> None:
         from .core.node_energy import build_node_energy
+        from .backends.host_usage import HostUsage
         from .protocol.resource_metrics import (device_pool_metric_provider, device_pool_statistics,
-                                               energy_metric_provider, energy_status_provider, pool_metric_provider)
+                                               energy_metric_provider, energy_status_provider, host_metric_provider,
+                                               pool_metric_provider)
 
         self.energy = build_node_energy(sorted({lane.device for lane in self.lanes}), self.power_profile)
         if self.host_pool is not None:
@@ -190,6 +192,8 @@ class App:
             self.metric_providers.append(device_pool_metric_provider(self.device_pools))
             self.status_providers.append(lambda: {"device_pools": device_pool_statistics(self.device_pools)})
         self.metric_providers.append(energy_metric_provider(self.energy))
+        if self.worker is None or self.worker.index == 0:  # the machine's figures, said once by a server of workers
+            self.metric_providers.append(host_metric_provider(HostUsage()))  # Triton's nv_cpu_* metrics
         self.status_providers.append(energy_status_provider(self.energy))
         log.info("energy: profile %s, meters %s", self.power_profile.name, ", ".join(sorted({m.name for m in self.energy.meters.values()})))
 

@@ -62,6 +62,21 @@ class NvmlMeter:
         """GPU busy share over the driver's last sample period, 0..1 (nvmlDeviceGetUtilizationRates)."""
         return self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu / 100.0
 
+    def power_limit_w(self) -> float | None:
+        """The board's power management limit (W); None where the board does not say (NVML_ERROR_NOT_SUPPORTED)."""
+        try:
+            return self._nvml.nvmlDeviceGetPowerManagementLimit(self._handle) / 1e3
+        except Exception:  # NVMLError: not supported on this board
+            return None
+
+    def memory(self) -> tuple[int, int] | None:
+        """(total, used) bytes of the GPU's memory (nvmlDeviceGetMemoryInfo); None where the board does not say."""
+        try:
+            info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        except Exception:  # NVMLError: not supported (an integrated GPU's shared memory)
+            return None
+        return int(info.total), int(info.used)
+
     def close(self) -> None:
         self._nvml.nvmlShutdown()
 

@@ -1,7 +1,9 @@
 """Metrics and status for the node's resources: energy (J/inference per model and device, meter
 totals and power) and the host buffer pool.
 
-Triton's `nv_energy_consumption` / `nv_gpu_power_usage` for NVML-metered GPUs; `gt_*` for the rest.
+Triton's `nv_energy_consumption`, `nv_gpu_power_usage`, `nv_gpu_power_limit`, `nv_gpu_utilization` and
+`nv_gpu_memory_{total,used}_bytes` for NVML-metered GPUs, and its CPU metrics (`nv_cpu_utilization`,
+`nv_cpu_memory_{total,used}_bytes`, system-wide) for the host; `gt_*` for the rest.
 """
 from __future__ import annotations
 
@@ -22,28 +24,62 @@ def energy_metric_provider(energy: Any):
             per_inf.add_metric([model, device], dynamic_j / inferences if inferences else 0.0)
         yield joules
         yield per_inf
+        meters = energy.unique_meters()
         node = CounterMetricFamily("gt_node_energy_joules", "Energy read by each meter since start", labels=["device", "meter"])
         power = GaugeMetricFamily("gt_node_power_watts", "Current power per meter", labels=["device", "meter"])
-        nv_energy = CounterMetricFamily("nv_energy_consumption", "GPU energy consumption in joules since start", labels=["gpu_uuid"])
-        nv_power = GaugeMetricFamily("nv_gpu_power_usage", "GPU power usage in watts", labels=["gpu_uuid"])
-        nv_util = GaugeMetricFamily("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", labels=["gpu_uuid"])
-        has_gpu = False
-        for device, meter in energy.unique_meters().items():
-            e_j, p_w = meter.energy_j(), meter.power_w()
-            node.add_metric([device, meter.name], e_j)
-            power.add_metric([device, meter.name], p_w)
-            if device.startswith("gpu:"):
-                has_gpu = True
-                nv_energy.add_metric([meter.name], e_j)
-                nv_power.add_metric([meter.name], p_w)
-                if hasattr(meter, "utilization"):
-                    nv_util.add_metric([meter.name], meter.utilization())
+        for device, meter in meters.items():
+            node.add_metric([device, meter.name], meter.energy_j())
+            power.add_metric([device, meter.name], meter.power_w())
         yield node
         yield power
-        if has_gpu:
-            yield nv_energy
-            yield nv_power
-            yield nv_util
+        gpus = [meter for device, meter in meters.items() if device.startswith("gpu:")]
+        if gpus:
+            yield from _gpu_families(gpus)
+
+    return collect
+
+
+def _gpu_families(meters: list) -> list:
+    """Triton's GPU metrics, one sample per GPU meter (labelled by its name); what a meter cannot read is left out."""
+    label = ["gpu_uuid"]
+    nv_energy = CounterMetricFamily("nv_energy_consumption", "GPU energy consumption in joules since start", labels=label)
+    nv_power = GaugeMetricFamily("nv_gpu_power_usage", "GPU power usage in watts", labels=label)
+    nv_util = GaugeMetricFamily("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", labels=label)
+    nv_limit = GaugeMetricFamily("nv_gpu_power_limit", "GPU power management limit in watts", labels=label)
+    nv_mem_total = GaugeMetricFamily("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", labels=label)
+    nv_mem_used = GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", labels=label)
+    for meter in meters:
+        name = [meter.name]
+        nv_energy.add_metric(name, meter.energy_j())
+        nv_power.add_metric(name, meter.power_w())
+        if hasattr(meter, "utilization"):
+            nv_util.add_metric(name, meter.utilization())
+        limit_w = meter.power_limit_w() if hasattr(meter, "power_limit_w") else None
+        if limit_w is not None:
+            nv_limit.add_metric(name, limit_w)
+        memory = meter.memory() if hasattr(meter, "memory") else None
+        if memory is not None:
+            nv_mem_total.add_metric(name, memory[0])
+            nv_mem_used.add_metric(name, memory[1])
+    return [nv_energy, nv_power, nv_util, nv_limit, nv_mem_total, nv_mem_used]
+
+
+def host_metric_provider(usage: Any):
+    """Triton's CPU metrics, system-wide (backends/host_usage.HostUsage); each left out where it can't be read."""
+
+    def collect():
+        utilization = usage.utilization()
+        if utilization is not None:
+            fam = GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]")
+            fam.add_metric([], utilization)
+            yield fam
+        memory = usage.memory()
+        if memory is not None:
+            for value, name, doc in ((memory[0], "nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes"),
+                                     (memory[1], "nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes")):
+                fam = GaugeMetricFamily(name, doc)
+                fam.add_metric([], value)
+                yield fam
 
     return collect
 

@@ -176,6 +176,19 @@ def test_energy_metrics(server, traffic):
     assert all(v > 0 for v in samples["gt_node_energy_joules"].values())
 
 
+def test_tritons_cpu_metrics_are_the_machines(server, traffic):
+    """nv_cpu_* as Triton 2.51 exposes them (Model Analyzer's CPU-only profiling reads them): system-wide gauges."""
+    _, samples, types = scrape(server)
+    for name in ("nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes"):
+        assert types[name] == "gauge", name
+    assert 0.0 <= samples["nv_cpu_utilization"][()] <= 1.0
+    total, used = samples["nv_cpu_memory_total_bytes"][()], samples["nv_cpu_memory_used_bytes"][()]
+    with open("/proc/meminfo") as f:
+        assert f.readline().split()[1] == str(int(total) // 1024)  # MemTotal
+    assert 0 < used < total
+    assert "nv_gpu_memory_total_bytes" not in samples  # no GPU meter here
+
+
 def test_status_json(server, traffic):
     status, headers, body = get(f"http://{server.metrics_url}/status.json")
     assert status == 200 and headers["content-type"] == "application/json"

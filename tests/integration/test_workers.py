@@ -89,6 +89,9 @@ def test_statistics_and_metrics_count_every_workers_requests(server):
     per_worker = samples(server, "nv_inference_count")
     assert set(per_worker) == {"0", "1"} and all(v > 0 for v in per_worker.values()), per_worker
     assert sum(per_worker.values()) == stats["inference_count"]
+    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=TIMEOUT_S) as r:
+        machine = [line for line in r.read().decode().splitlines() if line.startswith("nv_cpu_memory_total_bytes")]
+    assert len(machine) == 1 and 'worker="0"' in machine[0], machine  # the machine's figures, said once
 
 
 def test_the_status_page_says_whose_it_is(server):

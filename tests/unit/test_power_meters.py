@@ -91,6 +91,8 @@ def fake_nvml(energy_mj: list[int], power_mw: int = 250_000, count: int = 1, sup
         nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetTotalEnergyConsumption=energy,
         nvmlDeviceGetPowerUsage=lambda h: power_mw, calls=calls,
         nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=37, memory=5),
+        nvmlDeviceGetPowerManagementLimit=lambda h: 350_000,
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=80 << 30, used=3 << 30, free=77 << 30),
     )
 
 
@@ -103,7 +105,21 @@ def test_nvml_meter_converts_units_and_starts_at_zero() -> None:
     assert meter.energy_j() == pytest.approx(1.5)
     assert meter.power_w() == pytest.approx(312.5)
     assert meter.utilization() == pytest.approx(0.37)
+    assert meter.power_limit_w() == pytest.approx(350.0)
+    assert meter.memory() == (80 << 30, 3 << 30)
     assert isinstance(meter, PowerMeter)
+
+
+def test_nvml_limit_and_memory_are_none_where_the_board_does_not_say() -> None:
+    nvml = fake_nvml([0])
+
+    def not_supported(handle):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    nvml.nvmlDeviceGetPowerManagementLimit = nvml.nvmlDeviceGetMemoryInfo = not_supported
+    meter = NvmlMeter(0, nvml)
+    assert meter.power_limit_w() is None and meter.memory() is None
+    assert meter.power_w() == pytest.approx(250.0)  # the rest still reads
 
 
 def test_nvml_meters_one_per_gpu_and_none_when_unsupported() -> None:
