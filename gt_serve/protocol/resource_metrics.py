@@ -25,7 +25,8 @@ def energy_metric_provider(energy: Any):
         yield joules
         yield per_inf
         meters = energy.unique_meters()
-        node = CounterMetricFamily("gt_node_energy_joules", "Energy read by each meter since start", labels=["device", "meter"])
+        node = CounterMetricFamily("gt_node_energy_joules", "Energy read by each meter since start",
+                                   labels=["device", "meter"])
         power = GaugeMetricFamily("gt_node_power_watts", "Current power per meter", labels=["device", "meter"])
         for device, meter in meters.items():
             node.add_metric([device, meter.name], meter.energy_j())
@@ -42,7 +43,8 @@ def energy_metric_provider(energy: Any):
 def _gpu_families(meters: list) -> list:
     """Triton's GPU metrics, one sample per GPU meter (labelled by its name); what a meter cannot read is left out."""
     label = ["gpu_uuid"]
-    nv_energy = CounterMetricFamily("nv_energy_consumption", "GPU energy consumption in joules since start", labels=label)
+    nv_energy = CounterMetricFamily("nv_energy_consumption", "GPU energy consumption in joules since start",
+                                    labels=label)
     nv_power = GaugeMetricFamily("nv_gpu_power_usage", "GPU power usage in watts", labels=label)
     nv_util = GaugeMetricFamily("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", labels=label)
     nv_limit = GaugeMetricFamily("nv_gpu_power_limit", "GPU power management limit in watts", labels=label)
