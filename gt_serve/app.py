@@ -115,7 +115,8 @@ class App:
         repo = self._repository()
         if not repo.is_dir():
             raise SystemExit(f"gt-serve: model repository '{repo}' is not a directory")
-        self.registry = ModelRegistry(repo, describe_model, host, drain_timeout_s=s.drain_timeout_s)
+        self.registry = ModelRegistry(repo, describe_model, host, drain_timeout_s=s.drain_timeout_s,
+                                      response_cache=self.response_cache is not None)
         if self.worker is not None:
             self.link = WorkerLink(self.worker)
         self.dataplane = self._build_dataplane()

@@ -9,13 +9,12 @@ for the client (protocol/status.py maps it to each transport's status).
   control       core/model_control.py    metadata, config, statistics, repository index/load/unload
   readiness     core/model_control.py    ready / strict readiness / draining (App drives it)
   fleet         core/fleet_link.py       routing to peers; None on a single node, empty until the cluster starts
-  pipelines     core/pipeline.py         models split into stages, addressed by name (built here: each stage's
-                                         request is routed as infer routes one, here or on a peer)
+  pipelines     core/pipeline.py         models split into stages, addressed by name (built here: each stage is
+                                         routed as infer routes a request, here or on a peer)
   ensembles     core/ensemble.py         registry models whose steps go to a local step model's queue, else are
-                                         routed as infer routes a request; core/ensemble_groups.py runs the steps
-                                         of requests that come together as one request under load
-                A drain refuses new requests in `infer`; the stages and steps of a request taken in before it
-                still run (`_route`, not `infer`), so that the drain lets it finish.
+                                         routed likewise; core/ensemble_groups.py runs the steps of requests that
+                                         come together as one request under load
+  A drain refuses new requests (`infer`); the stages and steps of one taken in before go through `_route` and finish.
   shm/cuda_shm  core/shared_memory.py    registered regions; inputs read and outputs written there
   request_checks / outputs               the per-request checks and the response's tensors
 
@@ -283,6 +282,7 @@ class DataPlane:
 
     async def _infer_ensemble(self, model: LoadedModel, request: InferRequest) -> InferResponse:
         start_ns = _now_ns()
+        ran = []  # whether the steps ran: not on a response cache hit (counted as a hit, not a run)
         try:
             if model.state != READY:
                 raise Unavailable(f"model '{model.name}' version {model.version} is not ready ({model.state})")
@@ -290,26 +290,38 @@ class DataPlane:
             requested = check_outputs(model, request.outputs, self._shm)
             if request.deadline_s is None and self._default_timeout_s > 0:
                 request.deadline_s = time.monotonic() + self._default_timeout_s  # one deadline for every step
-            spec = model.spec
-            if spec.max_batch_size > 0 and groupable(request):
-                groups = model.groups
-                if groups is None:
-                    most = min(spec.max_batch_size, self._max_batch_size or spec.max_batch_size)
-                    groups = model.groups = EnsembleGroups(partial(self._run_ensemble, model), most)
-                if groups.alone():  # the common case at light load, without run()'s coroutine
-                    with groups:
-                        produced = await self._run_ensemble(model, request, feeds)
-                else:
-                    produced = await groups.run(request, feeds, batch_size)
-            else:
-                produced = await self._run_ensemble(model, request, feeds)
-            outputs = make_outputs(model, [produced[n] for n in spec.output_order], requested, self._shm)
+
+            async def run():
+                ran.append(True)
+                return await self._ensemble_outputs(model, request, feeds, batch_size, requested)
+
+            # Triton caches an ensemble's own requests too (its `response_cache`): a hit runs no step
+            outputs = await serve_cached(self._response_cache, model, request, requested, start_ns, run)
         except GtServeError:
             model.stats.record_failure(_now_ns() - start_ns)
             raise
-        record_ensemble_success(model.stats, batch_size, _now_ns() - start_ns)
+        if ran:
+            record_ensemble_success(model.stats, batch_size, _now_ns() - start_ns)
         echo = {k: v for k, v in request.parameters.items() if k not in _NOT_ECHOED} if request.parameters else {}
         return InferResponse(model.name, model.version, request.id, outputs, echo)
+
+    async def _ensemble_outputs(self, model: LoadedModel, request: InferRequest, feeds: dict, batch_size: int,
+                                requested: list | None) -> list[Tensor]:
+        """The response's tensors of an ensemble request, checked: its steps run alone or in a group."""
+        spec = model.spec
+        if spec.max_batch_size > 0 and groupable(request):
+            groups = model.groups
+            if groups is None:
+                most = min(spec.max_batch_size, self._max_batch_size or spec.max_batch_size)
+                groups = model.groups = EnsembleGroups(partial(self._run_ensemble, model), most)
+            if groups.alone():  # the common case at light load, without run()'s coroutine
+                with groups:
+                    produced = await self._run_ensemble(model, request, feeds)
+            else:
+                produced = await groups.run(request, feeds, batch_size)
+        else:
+            produced = await self._run_ensemble(model, request, feeds)
+        return make_outputs(model, [produced[n] for n in spec.output_order], requested, self._shm)
 
     async def _run_ensemble(self, model: LoadedModel, request: InferRequest, feeds: dict) -> dict:
         """The ensemble's outputs (arrays by name) for `feeds` (arrays by name, checked against the ensemble)."""
@@ -320,11 +332,9 @@ class DataPlane:
 
     async def _ensemble_step(self, request: InferRequest) -> InferResponse:
         """One ensemble step's request: straight to the step model's queue where a plain request would go there
-        (`_local_model`: no peers, response cache, pipeline or nested ensemble of that name decides), its form
-        checked once (`step_request` sets it); else routed as `infer` routes a request. Never run at once
-        (`run_now`) as an express lane's lone row is: an ensemble's next request asks its steps a whole ensemble
-        run after the last, so each step looked idle, and a few clients' requests ran one row at a time (4 gRPC
-        clients: 0.82x the inf/s at 1.39x the CPU, even with only the ensemble's sole request in flight allowed to)."""
+        (`_local_model`), its form checked once (`step_request` sets it); else routed as `infer` routes a request.
+        Never run at once (`run_now`): each step would look idle and run one row at a time (0.82x the inf/s at 4
+        gRPC clients; DESIGN-NOTES, twenty-ninth pass)."""
         model = self._local_model(request.model_name, request.model_version)
         if model is None:
             return await self._route(request)

@@ -128,7 +128,8 @@ def check_fields(cfg: mc.ModelConfig, name: str) -> None:
 # what an ensemble's config may set (Triton: the steps' own configs say how each step runs)
 ENSEMBLE_FIELDS = frozenset({"name", "platform", "backend", "version_policy", "max_batch_size", "input.name",
                              "input.data_type", "input.dims", "input.format", "output.name", "output.data_type",
-                             "output.dims", "output.label_filename", "ensemble_scheduling"})
+                             "output.dims", "output.label_filename", "ensemble_scheduling",
+                             "response_cache"})  # Triton caches an ensemble's own requests
 
 
 def check_ensemble_fields(cfg: mc.ModelConfig, name: str) -> None:

@@ -21,6 +21,7 @@ from .batcher import Batcher, QueuePolicy
 from .memory_budget import LoadMeasure, MemoryBook
 from .model_executor import JobFactory, ModelExecutor
 from .registry import LoadedModel, Opened
+from .response_cache import check_cache_available
 from .spill import Spill, may_spill, over_device_budget, slo_miss
 from .stream_scheduler import StreamScheduler
 from .warmup import run_warmup
@@ -222,9 +223,7 @@ class LocalModelHost:
         if settings is not None and settings.gpu_accelerators and not any(lane.on_gpu for lane in lanes):
             raise ConfigError(f"model '{model.name}': optimization.execution_accelerators.gpu_execution_accelerator "
                               f"'{settings.gpu_accelerators[0].name}' needs a GPU lane; the model runs on CPU lanes only")
-        if model.config.response_cache.enable and not self._response_cache:
-            raise ConfigError(f"model '{model.name}': response_cache.enable needs the server's response cache: start "
-                              "gt-serve with --cache-config local,size=BYTES (server.response_cache_bytes)")
+        check_cache_available(model.config, model.name, self._response_cache)
 
     def _record_footprint(self, model: LoadedModel, footprint: dict[str, int]) -> None:
         if self._memory is None:

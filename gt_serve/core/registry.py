@@ -18,6 +18,7 @@ from ..errors import (Code, GtServeError, Internal, InvalidArgument, InvalidMode
 from .ensemble import EnsemblePlan, Step, is_ensemble, load_step_models, prepare_ensemble
 from .model_config import (Describe, ModelSpec, complete_config, config_mentions_batching, parse_json_override,
                            parse_pbtxt, spec_from_config)
+from .response_cache import check_cache_available
 from .repository_paths import NAME_RULE, UploadArea, check_config_paths, confine, is_plain_name, shown
 from .statistics import ModelStats
 
@@ -80,10 +81,11 @@ class ModelEntry:
 
 class ModelRegistry:
     def __init__(self, repository: Path, describe: Describe, host: ModelHost, *, drain_timeout_s: float = 30.0,
-                 uploads: UploadArea | None = None) -> None:
+                 uploads: UploadArea | None = None, response_cache: bool = False) -> None:
         self.repository = Path(repository)
         self._describe = describe
         self._host = host
+        self._response_cache = response_cache  # the server has one: an ensemble asking for it loads
         self._drain_timeout_s = drain_timeout_s
         self._entries: dict[str, ModelEntry] = {}
         self._uploads = uploads if uploads is not None else UploadArea()
@@ -268,6 +270,7 @@ class ModelRegistry:
             return entry.latest.ensemble if entry is not None and entry.latest is not None else None
 
         plan = prepare_ensemble(cfg, name, step_spec, plan_of)
+        check_cache_available(cfg, name, self._response_cache)
         available = sorted((int(p.name) for p in model_dir.iterdir()
                             if p.is_dir() and p.name.isascii() and p.name.isdigit()), reverse=True)
         if not available:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..datatypes import raw_from_array
+from ..errors import ConfigError
 from ..types import InferRequest, Tensor
 
 ENTRY_OVERHEAD_BYTES = 256  # key, bookkeeping and the Tensor objects, counted against the capacity
@@ -59,6 +60,13 @@ class ResponseCache:
         self._entries[key] = (copies, size)
         self.used_bytes += size
         return True
+
+
+def check_cache_available(config: Any, name: str, server_has_cache: bool) -> None:
+    """A model (or ensemble) whose config asks for the cache loads only where the server has one."""
+    if config.response_cache.enable and not server_has_cache:
+        raise ConfigError(f"model '{name}': response_cache.enable needs the server's response cache: start "
+                          "gt-serve with --cache-config local,size=BYTES (server.response_cache_bytes)")
 
 
 def request_key(model: Any, request: InferRequest, requested: list | None) -> bytes | None:

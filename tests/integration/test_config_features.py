@@ -1,7 +1,8 @@
 """config.pbtxt fields from Triton repositories, against a real gt-serve process and tritonclient:
 model_warmup runs before READY, reshape is served with the client's shapes (and completed as Triton completes it
 for an output of the batch dimension alone), onnxruntime parameters
-reach the session (log), the response cache answers repeats (stats and /metrics), and the fields
+reach the session (log), the response cache answers repeats (stats and /metrics; an ensemble's own requests as
+Triton caches them, its steps not run on a hit), and the fields
 gt_serve does not implement fail the load with an error naming them.
 """
 from __future__ import annotations
@@ -44,6 +45,12 @@ parameters { key: "inter_op_thread_count" value: { string_value: "1" } }
 parameters { key: "enable_mem_pattern" value: { string_value: "0" } }
 '''
 CACHED = 'max_batch_size: 8\nresponse_cache { enable: true }\n'
+CACHED_ENSEMBLE = '''platform: "ensemble" max_batch_size: 8 response_cache { enable: true }
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "tuned" model_version: -1
+  input_map { key: "INPUT" value: "X" } output_map { key: "OUTPUT" value: "Y" } } ] }
+'''
 REFUSED = {
     "seq": ("max_batch_size: 8\nsequence_batching { }\n", "sequence_batching"),
     "ens": ('platform: "ensemble"\n', "ensemble"),
@@ -66,6 +73,8 @@ def _repo(root: Path) -> Path:
         mb.scale(root / name / "1" / "model.onnx", factor=2.0, width=4)
         (root / name / "config.pbtxt").write_text(f'name: "{name}"\n' + text)
     mb.argmax(root / "argmax" / "1" / "model.onnx")  # no config.pbtxt
+    (root / "cached_ensemble" / "1").mkdir(parents=True)
+    (root / "cached_ensemble" / "config.pbtxt").write_text('name: "cached_ensemble"\n' + CACHED_ENSEMBLE)
     for name, (text, _) in REFUSED.items():
         mb.scale(root / name / "1" / "model.onnx", factor=2.0, width=4)
         (root / name / "config.pbtxt").write_text(text)
@@ -77,7 +86,7 @@ def server(tmp_path_factory):
     repo = _repo(tmp_path_factory.mktemp("repo_features"))
     srv = start_server(repo, tmp_path_factory.mktemp("srv_features"), "--model-control-mode", "explicit",
                        "--load-model", "warm", "--load-model", "reshaped", "--load-model", "tuned",
-                       "--load-model", "cached", "--load-model", "argmax",
+                       "--load-model", "cached", "--load-model", "argmax", "--load-model", "cached_ensemble",
                        "--cache-config", f"local,size={CACHE_BYTES}")
     yield srv
     srv.stop()
@@ -174,6 +183,47 @@ def test_response_cache_hits_and_misses(server):
     # no cache for models without response_cache: the same request twice counts no hit
     stats = _stats(client, "tuned")["inference_stats"]
     assert stats["cache_hit"]["count"] == 0 and stats["cache_miss"]["count"] == 0
+
+
+def test_an_ensembles_own_requests_are_cached_and_a_hit_runs_no_step(server):
+    """Triton caches top-level ensemble requests (`response_cache` in the ensemble's config); the step (`tuned`,
+    no cache of its own) runs on a miss only."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    http = httpclient.InferenceServerClient(server.http_url)
+    before, step_before = _stats(http, "cached_ensemble"), _stats(http, "tuned")
+    data = np.array([[5, 6, 7, 8]], dtype=np.float32)
+
+    def infer(array):
+        inp = grpcclient.InferInput("X", list(array.shape), "FP32")
+        inp.set_data_from_numpy(array)
+        return client.infer("cached_ensemble", [inp]).as_numpy("Y")
+
+    answers = [infer(data), infer(data), infer(data * 3)]
+    for answer, x in zip(answers, (data, data, data * 3)):
+        np.testing.assert_array_equal(answer, x * 2)
+    after, step_after = _stats(http, "cached_ensemble"), _stats(http, "tuned")
+
+    def delta(key, a=after, b=before):
+        return a["inference_stats"][key]["count"] - b["inference_stats"][key]["count"]
+
+    assert (delta("cache_hit"), delta("cache_miss"), delta("success")) == (1, 2, 3)
+    assert after["execution_count"] - before["execution_count"] == 2
+    assert delta("success", step_after, step_before) == 2  # the hit did not reach the step
+
+
+def test_an_ensemble_asking_for_the_cache_needs_the_servers(tmp_path):
+    mb.scale(tmp_path / "repo" / "tuned" / "1" / "model.onnx", factor=2.0, width=4)
+    (tmp_path / "repo" / "tuned" / "config.pbtxt").write_text('name: "tuned"\nmax_batch_size: 8\n')
+    (tmp_path / "repo" / "cached_ensemble" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "cached_ensemble" / "config.pbtxt").write_text(CACHED_ENSEMBLE)
+    srv = start_server(tmp_path / "repo", tmp_path, "--model-control-mode", "explicit", "--load-model", "tuned")
+    try:
+        client = httpclient.InferenceServerClient(srv.http_url)
+        with pytest.raises(InferenceServerException, match="response_cache.enable needs the server's response cache"):
+            client.load_model("cached_ensemble")
+        assert not client.is_model_ready("cached_ensemble") and client.is_model_ready("tuned")
+    finally:
+        srv.stop()
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
