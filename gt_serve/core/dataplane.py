@@ -282,7 +282,6 @@ class DataPlane:
 
     async def _infer_ensemble(self, model: LoadedModel, request: InferRequest) -> InferResponse:
         start_ns = _now_ns()
-        ran = []  # whether the steps ran: not on a response cache hit (counted as a hit, not a run)
         try:
             if model.state != READY:
                 raise Unavailable(f"model '{model.name}' version {model.version} is not ready ({model.state})")
@@ -290,24 +289,21 @@ class DataPlane:
             requested = check_outputs(model, request.outputs, self._shm)
             if request.deadline_s is None and self._default_timeout_s > 0:
                 request.deadline_s = time.monotonic() + self._default_timeout_s  # one deadline for every step
-
-            async def run():
-                ran.append(True)
-                return await self._ensemble_outputs(model, request, feeds, batch_size, requested)
-
-            # Triton caches an ensemble's own requests too (its `response_cache`): a hit runs no step
-            outputs = await serve_cached(self._response_cache, model, request, requested, start_ns, run)
+            if self._response_cache is None or not model.config.response_cache.enable:
+                outputs = await self._ensemble_outputs(model, request, feeds, batch_size, requested, start_ns)
+            else:  # Triton caches an ensemble's own requests too: a hit runs no step (and counts as a hit)
+                run = partial(self._ensemble_outputs, model, request, feeds, batch_size, requested, start_ns)
+                outputs = await serve_cached(self._response_cache, model, request, requested, start_ns, run)
         except GtServeError:
             model.stats.record_failure(_now_ns() - start_ns)
             raise
-        if ran:
-            record_ensemble_success(model.stats, batch_size, _now_ns() - start_ns)
         echo = {k: v for k, v in request.parameters.items() if k not in _NOT_ECHOED} if request.parameters else {}
         return InferResponse(model.name, model.version, request.id, outputs, echo)
 
     async def _ensemble_outputs(self, model: LoadedModel, request: InferRequest, feeds: dict, batch_size: int,
-                                requested: list | None) -> list[Tensor]:
-        """The response's tensors of an ensemble request, checked: its steps run alone or in a group."""
+                                requested: list | None, start_ns: int) -> list[Tensor]:
+        """The response's tensors of an ensemble request, checked: its steps run alone or in a group; a success
+        counted in the ensemble's statistics."""
         spec = model.spec
         if spec.max_batch_size > 0 and groupable(request):
             groups = model.groups
@@ -321,7 +317,9 @@ class DataPlane:
                 produced = await groups.run(request, feeds, batch_size)
         else:
             produced = await self._run_ensemble(model, request, feeds)
-        return make_outputs(model, [produced[n] for n in spec.output_order], requested, self._shm)
+        outputs = make_outputs(model, [produced[n] for n in spec.output_order], requested, self._shm)
+        record_ensemble_success(model.stats, batch_size, _now_ns() - start_ns)
+        return outputs
 
     async def _run_ensemble(self, model: LoadedModel, request: InferRequest, feeds: dict) -> dict:
         """The ensemble's outputs (arrays by name) for `feeds` (arrays by name, checked against the ensemble)."""
