@@ -13,10 +13,10 @@ config and concurrency it measured, and stops the server.
     python bench/model_analyzer_run.py --repository /tmp/prof --models mlp \\
         --model-analyzer /opt/ma-venv/bin/model-analyzer [--max-concurrency 4] [--max-instances 2] [--max-batch 8]
 
-Each model is profiled as `cpu_only` (on a server without GPU lanes a config asking for KIND_GPU fails to load, in
-Triton as here). Model Analyzer reads the server's own statistics for its server-side figures; in remote mode it reads
-no host RAM or GPU figures (they come from psutil and DCGM on the machine it launched a server on), so its report
-warns that those columns have no data. Minutes per model: each variant is measured at each concurrency up to the bound.
+Each model is profiled as `cpu_only`, and an ensemble's step models are given as `--cpu-only-composing-models` (on a
+server without GPU lanes a config asking for KIND_GPU fails to load, in Triton as here). Model Analyzer reads the
+server's own statistics for its server-side figures; in remote mode it reads no host RAM or GPU figures (they come
+from psutil and DCGM on the machine it launched a server on), so its report warns that those columns have no data. Minutes per model: each variant is measured at each concurrency up to the bound.
 """
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gt_serve.core.ensemble import is_ensemble  # noqa: E402
+from gt_serve.core.model_config import parse_pbtxt  # noqa: E402
 from gt_serve.testing.launcher import launch  # noqa: E402
 
 PERF_ANALYZER = Path.home() / ".cache" / "gt_serve" / "perf_analyzer" / "perf_analyzer"
@@ -37,6 +39,17 @@ PERF_ANALYZER = Path.home() / ".cache" / "gt_serve" / "perf_analyzer" / "perf_an
 def profile_config(models: list[str]) -> str:
     """Model Analyzer's YAML: each model CPU-only."""
     return "profile_models:\n" + "".join(f"  {m}:\n    cpu_only: true\n" for m in models)
+
+
+def composing_models(repository: Path, models: list[str]) -> list[str]:
+    """The step models of the ensembles among `models` (each config.pbtxt read as gt-serve reads it), in order."""
+    found: list[str] = []
+    for name in models:
+        path = repository / name / "config.pbtxt"
+        cfg = parse_pbtxt(path.read_text(), name) if path.is_file() else None
+        if cfg is not None and is_ensemble(cfg):
+            found += [m for m in dict.fromkeys(s.model_name for s in cfg.ensemble_scheduling.step) if m not in found]
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
                "--output-model-repository-path", str(work / "variants"), "--override-output-model-repository",
                "--dcgm-disable", "--checkpoint-directory", str(work / "checkpoints"),
                "--export-path", str(work / "export")]
+        composing = composing_models(args.repository, models)
+        if composing:
+            cmd += ["--cpu-only-composing-models", ",".join(composing)]
         done = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=args.timeout)
         (work / "model_analyzer.log").write_text(done.stdout + done.stderr)
         failed = [line for line in (done.stdout + done.stderr).splitlines() if "load failed" in line]
