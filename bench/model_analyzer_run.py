@@ -16,7 +16,8 @@ config and concurrency it measured, and stops the server.
 Each model is profiled as `cpu_only`, and an ensemble's step models are given as `--cpu-only-composing-models` (on a
 server without GPU lanes a config asking for KIND_GPU fails to load, in Triton as here). Model Analyzer reads the
 server's own statistics for its server-side figures; in remote mode it reads no host RAM or GPU figures (they come
-from psutil and DCGM on the machine it launched a server on), so its report warns that those columns have no data. Minutes per model: each variant is measured at each concurrency up to the bound.
+from psutil and DCGM on the machine it launched a server on), so its report warns that those columns have no data.
+Minutes per model: each variant is measured at each concurrency up to the bound.
 """
 from __future__ import annotations
 
