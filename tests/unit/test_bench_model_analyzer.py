@@ -3,6 +3,8 @@ minutes of perf_analyzer; the README's Benchmarks section has the command and wh
 from __future__ import annotations
 
 import importlib.util
+import json
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -32,3 +34,22 @@ def test_an_ensembles_step_models_are_its_composing_models(tmp_path):
     (tmp_path / "ens" / "config.pbtxt").write_text(
         f'name: "ens" platform: "ensemble" ensemble_scheduling {{ step [ {steps.rstrip(",")} ] }}')
     assert load().composing_models(tmp_path, ["plain", "noconfig", "ens"]) == ["pre", "net"]
+
+
+def test_the_wrapper_runs_gt_serve_with_the_flags_model_analyzer_gives_triton(tmp_path):
+    """Model Analyzer's local mode starts `tritonserver --model-repository R --model-control-mode explicit --http-port
+    P --grpc-port P --metrics-port P --metrics-interval-ms 1000 --strict-model-config false` (its own ports here: free
+    ones, from the launcher)."""
+    from gt_serve.testing import model_builders as mb
+    from gt_serve.testing.launcher import launch
+
+    mb.scale(tmp_path / "repo" / "scaled" / "1" / "model.onnx")
+    wrapper = load().server_wrapper(tmp_path)
+    server = launch(["--model-repository", str(tmp_path / "repo"), "--model-control-mode", "explicit",
+                     "--metrics-interval-ms", "1000", "--strict-model-config", "false"],
+                    workdir=tmp_path, command=[str(wrapper)])
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/repository/index", data=b"{}", timeout=30) as r:
+            assert [m["name"] for m in json.load(r)] == ["scaled"]  # explicit mode: on disk, not loaded
+    finally:
+        assert server.stop() == 0
