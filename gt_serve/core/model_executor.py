@@ -43,10 +43,6 @@ INLINE_ROWS = 7
 # lane held idle for one delay then loses at most an eighth of a run
 _LONG_RUN_DELAYS = 8
 _GAP_CAP_NS = 1_000_000  # `run_now`: the time between two requests counts up to this (a long idle, then a burst)
-# `_tiny`: a batch of more than INLINE_ROWS rows runs on the loop's thread while its shape's largest batch costs less
-# than this: less than handing it to another thread and its answer back (a pre- or post-processing step: an ensemble's
-# Sub/Div of 32 x 256 floats runs in ~11 µs, its softmax of 32 x 10 in ~7; mlp's 8 rows take ~340)
-TINY_NS = 50_000
 
 # job_factory(runner, batch, spec, lane) -> the zero-argument job the lane runs (execution.job_factory.JobFactory)
 JobFactory = Callable[[Any, Batch, Any, Any], Callable[[], Any]]
@@ -95,7 +91,6 @@ class ModelExecutor:
         self._inline_max_ns = inline_max_ns
         self._lone_ns: dict[tuple, int] = {}  # row shapes -> moving average of one-row batches' run time
         self._rows_ns: dict[tuple, int] = {}  # (row shape, rows) -> the same for batches of 2 to INLINE_ROWS rows
-        self._tiny_ns: dict[tuple, tuple[int, int]] = {}  # row shape -> (most rows run, their cost): `_tiny`
         self._last_rows = 0  # the rows of the last batch run: 1 while requests come one at a time (`run_now`)
         self._asked_ns = 0  # when `run_now` was last asked, and the moving average of the time between two asks
         self._gap_ns = 0
@@ -117,10 +112,6 @@ class ModelExecutor:
         batch = self.batcher.take(entries)
         self.in_flight += 1
         job = self._job_factory(self._runners[lane], batch, self._spec, lane)
-        if batch.size > INLINE_ROWS and self._tiny(batch, lane):
-            batch.inline = True
-            lane.run_here(job, self._complete, batch)
-            return
         launch = self._launch
         launchable = launch is not None and not lane.on_gpu and getattr(job, "launchable", False)
         if launchable and self._launches_alone(batch):
@@ -219,33 +210,6 @@ class ModelExecutor:
             return False  # another lane can take the next request while this one runs there
         return self._inline_ns(batch.entries[0].shape_key, batch.size) < self._inline_max_ns
 
-    def _tiny(self, batch: Batch, lane: Any) -> bool:
-        """Whether a batch of more than INLINE_ROWS rows runs on the loop's thread: its shape's largest batch run so
-        far, of as many rows or more, cost less than TINY_NS (and than `inline_max_ns`), on the loop, the lane's
-        thread or onnxruntime's pool thread (CPU time there: `_note_tiny`). At 64 HTTP clients an ensemble's two
-        trivial steps held the lane 0.6-0.8 ms a batch, waiting behind the model between them for the pool's thread
-        and the GIL; on the loop (pipeline of bench/user_models.py): 1.15x the inf/s at 0.90x the CPU."""
-        seen = self._tiny_ns.get(batch.entries[0].shape_key)
-        return (seen is not None and batch.size <= seen[0] and seen[1] < min(TINY_NS, self._inline_max_ns)
-                and not lane.on_gpu)
-
-    def _note_tiny(self, batch: Batch, elapsed_ns: int, cpu_ns: int | None) -> None:
-        """What a batch of more than INLINE_ROWS rows cost: its wall time on the loop, else its thread's CPU time. Kept
-        per shape for the most rows run; a smaller batch that cost more raises it (the estimate errs high)."""
-        took_ns = elapsed_ns if batch.inline else cpu_ns
-        if took_ns is None:
-            return
-        rows, shape = batch.size, batch.entries[0].shape_key
-        seen = self._tiny_ns.get(shape)
-        if seen is None or rows > seen[0]:
-            if seen is None and len(self._tiny_ns) >= _LONE_SHAPES:
-                self._tiny_ns.clear()
-            self._tiny_ns[shape] = (rows, took_ns)
-        elif rows == seen[0]:
-            self._tiny_ns[shape] = (rows, seen[1] + (took_ns - seen[1]) // 4)
-        elif took_ns > seen[1]:
-            self._tiny_ns[shape] = (seen[0], took_ns)
-
     def _inline_ns(self, key: tuple, rows: int) -> int:
         """How long a batch of `rows` rows of shape `key` is expected to run: the moving average of such batches'
         runs (`_note_run`); for several rows not timed yet, one row's times half the rows, rounded
@@ -264,8 +228,6 @@ class ModelExecutor:
         rows = self._last_rows = batch.size
         if self._inline_max_ns and rows <= INLINE_ROWS and not batch.launch:
             self._note_run(batch, elapsed_ns, cpu_ns)
-        elif self._inline_max_ns and rows > INLINE_ROWS and exc is None:
-            self._note_tiny(batch, elapsed_ns, cpu_ns)
         if batch.launch is not None and exc is None:
             self._launch.ran(batch, batch.launch, elapsed_ns)
         expect = self._answered(batch, elapsed_ns)

@@ -11,11 +11,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 _now_ns = time.perf_counter_ns
-_cpu_ns = time.thread_time_ns
-# per onnxruntime pool thread: when its last launched run's callback ended (`free_ns`), and its CPU time then
-# (`free_cpu_ns`). A run launched while the thread was busy waited in the pool's queue until then, and its compute time
-# counts from there (two launched on a lane: Lane.spare); the thread's CPU since is the run's (and any parallel section
-# it computed meanwhile for a run of the same session started elsewhere: an estimate on the high side)
+# per onnxruntime pool thread: when its last launched run's callback ended. A run launched while the thread was busy
+# waited in the pool's queue until then, and its compute time counts from there (two launched on a lane: Lane.spare)
 _pool_thread = threading.local()
 
 
@@ -57,19 +54,16 @@ class BatchJob:
             return self._one_by_one(t0, t1)
         return self._split(outputs, t0, t1)
 
-    def start(self, finish: Callable[..., None], retry: Callable[[Callable], None]) -> None:
+    def start(self, finish: Callable[[Any, BaseException | None], None], retry: Callable[[Callable], None]) -> None:
         """The job without a thread of its own (`Lane.launch`): pack on the calling thread, start the run in
-        onnxruntime's pool (`runner.run_async`) and return. `finish(result, None, cpu_ns)`, with what calling the job
-        returns and the pool thread's CPU time for the run (None on the thread's first), comes from onnxruntime's
-        thread; a failed batch of several requests goes to `retry(job)`, a job
+        onnxruntime's pool (`runner.run_async`) and return. `finish(result, None)`, with what calling the job
+        returns, comes from onnxruntime's thread; a failed batch of several requests goes to `retry(job)`, a job
         that runs them one at a time, as `__call__` would (on a lane thread, not in onnxruntime's callback), and a
         failed request alone to `retry(self)`, so that its error is the one `__call__` raises."""
         t0 = _now_ns()
         loans: list = []
 
         def ran(outputs: list | None, exc: BaseException | None) -> None:
-            before_cpu_ns = getattr(_pool_thread, "free_cpu_ns", None)
-            cpu_ns = None if before_cpu_ns is None else _cpu_ns() - before_cpu_ns
             for loan in loans:
                 loan.release()
             if exc is None:
@@ -78,13 +72,12 @@ class BatchJob:
                 except Exception as e:  # noqa: BLE001 - nothing may escape into onnxruntime's thread
                     finish(None, e)
                 else:
-                    finish(result, None, cpu_ns)
+                    finish(result, None)
             elif len(self.feeds_list) == 1:  # run again as the lane thread runs it: onnxruntime's callback gives
                 retry(self)  # only the message, and the request's error must read as that run's (status and all)
             else:
                 retry(lambda: self._one_by_one(t0, t1))
             _pool_thread.free_ns = _now_ns()
-            _pool_thread.free_cpu_ns = _cpu_ns()
 
         feeds = self._feeds(loans)
         t1 = _now_ns()

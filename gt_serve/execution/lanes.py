@@ -87,9 +87,9 @@ class Lane:
         call = self.loop.call_soon_threadsafe
         self._airborne.add(job)
 
-        def finish(result: Any, exc: BaseException | None, cpu_ns: int | None = None) -> None:  # onnxruntime's thread
+        def finish(result: Any, exc: BaseException | None) -> None:  # on onnxruntime's thread
             try:
-                call(self._landed_reply, reply, tag, result, exc, _now_ns() - start_ns, cpu_ns)
+                call(self._landed_reply, reply, tag, result, exc, _now_ns() - start_ns)
             except RuntimeError:  # loop closed during shutdown
                 pass
             finally:
@@ -141,14 +141,14 @@ class Lane:
         """`_finished` for a launched job (or its one-by-one re-run), on the loop thread. Of a job launched beside
         another, only the time since the other's reply counts, as the lane's busy time and as the job's time in the
         reply (the model's fair share): it waited in onnxruntime's pool meanwhile, and the lane's busy time stays
-        wall time. `cpu_ns`: the CPU time of the pool thread that computed it (BatchJob.start), or of the lane
-        thread's re-run."""
+        wall time."""
         self.flying -= 1
         now_ns = _now_ns()
         elapsed_ns = min(elapsed_ns, now_ns - self._landed_ns)
         self._landed_ns = now_ns
         self._book(elapsed_ns)
-        reply(tag, self, result, exc, elapsed_ns, cpu_ns)
+        # no CPU time: onnxruntime's pool computed the batch (and a failed one's re-run is not the batch's cost)
+        reply(tag, self, result, exc, elapsed_ns, None)
 
     def _work(self) -> None:
         call = self.loop.call_soon_threadsafe

@@ -14,7 +14,7 @@ from gt_serve.core.batch_completion import BatchCompletion
 from gt_serve.core.batch_policy import BatchConfig
 from gt_serve.core.batcher import Batcher, QueuePolicy
 from gt_serve.core.launch_choice import _SETTLE
-from gt_serve.core.model_executor import TINY_NS, ModelExecutor
+from gt_serve.core.model_executor import ModelExecutor
 from gt_serve.core.statistics import ModelStats
 from gt_serve.errors import Internal, Unavailable
 
@@ -399,42 +399,6 @@ def test_batches_of_several_requests_are_launched_once_the_lane_has_timed_them_f
         assert len(lane.launched) == 2
         assert await asyncio.wait_for(lone[0], WAIT_S) == [8]
     asyncio.run(main())
-
-
-def test_a_shapes_large_batches_run_on_the_loop_while_its_largest_batch_cost_less_than_tiny_ns():
-    """A trivial step (an ensemble's pre- or post-processing): a batch of more than INLINE_ROWS rows runs on the loop
-    once a batch of its shape of as many rows or more cost less than TINY_NS (a lane run: its thread's CPU time, not
-    its wall time full of waits); more rows than any run so far, or a run that cost more, send it the usual way
-    again; never on a GPU lane, nor with inlining off."""
-    async def main():
-        executor, lane, _, _, _ = build(inline_max_ns=300_000, max_batch_size=32)
-
-        def batch_of(n, elapsed_ns=TINY_NS * 4, cpu_ns=None):
-            inline = len(lane.ran_here)
-            futures = [executor.submit({"x": np.int64(x)}, 1, ()) for x in range(n)]
-            dispatch_all(executor, lane)
-            lane.finish_next(elapsed_ns=elapsed_ns, cpu_ns=cpu_ns)
-            return len(lane.ran_here) > inline, futures
-
-        assert batch_of(12, cpu_ns=TINY_NS // 3)[0] is False  # not known yet: the lane's thread
-        ran_here, futures = batch_of(10, elapsed_ns=TINY_NS // 4)
-        assert ran_here and [await asyncio.wait_for(f, WAIT_S) for f in futures] == [[2 * x] for x in range(10)]
-        assert batch_of(12)[0] is True  # on the loop it took TINY_NS * 4: its average is now over TINY_NS
-        assert batch_of(10)[0] is False
-        assert batch_of(14, cpu_ns=TINY_NS // 3)[0] is False  # more rows than any run: measured first, cheap
-        assert batch_of(13, elapsed_ns=TINY_NS // 4)[0] is True
-        lane.on_gpu = True
-        assert batch_of(13)[0] is False
-    asyncio.run(main())
-
-    async def off():
-        executor, lane, _, _, _ = build(inline_max_ns=0, max_batch_size=32)
-        for _ in range(3):
-            [executor.submit({"x": np.int64(x)}, 1, ()) for x in range(12)]
-            dispatch_all(executor, lane)
-            lane.finish_next(cpu_ns=1_000)
-        assert lane.ran_here == []
-    asyncio.run(off())
 
 
 def test_a_model_with_a_max_batch_size_under_8_launches_its_full_batches_once_timed_fast():
