@@ -65,11 +65,13 @@ class ModelExecutor:
 
     def __init__(self, batcher: Batcher, runners: Mapping[Any, Any], job_factory: JobFactory,
                  completion: BatchCompletion, scheduler: SchedulerLink, spec: Any, *,
-                 version: str = "", weight: float = 1.0, inline_max_ns: int = 0, launch: str = "never") -> None:
+                 version: str = "", weight: float = 1.0, inline_max_ns: int = 0, launch: str = "never",
+                 tiny: bool = False) -> None:
         """`inline_max_ns`: a one-row batch of a shape whose runs take less than this runs on the loop thread
         (`_runs_inline`); 0 = every batch goes to its lane's thread. `launch`: whether batches of several requests
         are launched from the loop into onnxruntime's pool: "auto" (LaunchChoice times the model), "always" (every
-        batch that fits), "never"."""
+        batch that fits), "never". `tiny`: the model's largest batch runs in microseconds (core/tiny_models.py):
+        with inlining on, every batch runs on the loop's thread, as a lone short row does, on a CPU lane."""
         self.name = batcher.name
         self.version = version
         self.batcher = batcher
@@ -85,6 +87,7 @@ class ModelExecutor:
         self._completion = completion
         self._scheduler = scheduler
         self._spec = spec
+        self._tiny = tiny and inline_max_ns > 0
         self._drained = asyncio.Event()  # set when a closed executor has nothing queued or running
         self._release_when_idle = False
         self._released = False
@@ -112,6 +115,10 @@ class ModelExecutor:
         batch = self.batcher.take(entries)
         self.in_flight += 1
         job = self._job_factory(self._runners[lane], batch, self._spec, lane)
+        if self._tiny and not lane.on_gpu:  # handing it to another thread would cost more than running it
+            batch.inline = True
+            lane.run_here(job, self._complete, batch)
+            return
         launch = self._launch
         launchable = launch is not None and not lane.on_gpu and getattr(job, "launchable", False)
         if launchable and self._launches_alone(batch):

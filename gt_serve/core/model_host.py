@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -22,8 +22,10 @@ from .memory_budget import LoadMeasure, MemoryBook
 from .model_executor import JobFactory, ModelExecutor
 from .registry import LoadedModel, Opened
 from .response_cache import check_cache_available
+from .session_settings import SessionSettings
 from .spill import Spill, may_spill, over_device_budget, slo_miss
 from .stream_scheduler import StreamScheduler
+from .tiny_models import is_tiny
 from .warmup import run_warmup
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class _Placed:
     runners: dict  # lane -> runner
     footprint: dict[str, int]  # device -> bytes
     warmup: tuple[int, int] | None
+    tiny: bool = False  # core/tiny_models.py: its largest batch runs in microseconds (on CPU lanes)
 
     def close(self) -> None:
         for runner in dict.fromkeys(self.runners.values()):
@@ -116,12 +119,14 @@ class LocalModelHost:
                     chosen.append(lane)
         return chosen or cpu_lanes or list(self.lanes)
 
-    def _open_runners(self, model: LoadedModel, lanes: list, measure: LoadMeasure) -> dict:
+    def _open_runners(self, model: LoadedModel, lanes: list, measure: LoadMeasure,
+                      settings: SessionSettings | None = None) -> dict:
         """lane -> runner: one session per GPU lane (bound to its stream), one per device for CPU lanes;
-        `measure` sees each session's creation (core/memory_budget.LoadMeasure)."""
+        `measure` sees each session's creation (core/memory_budget.LoadMeasure). `settings`: the model's, unless
+        given."""
         runners: dict[str, Any] = {}
         per_lane: dict = {}
-        settings = model.spec.session
+        settings = settings or model.spec.session
         extra = (settings,) if settings is not None else ()
         try:
             for lane in lanes:
@@ -142,6 +147,8 @@ class LocalModelHost:
         yet), with the footprint they took per device."""
         measure = LoadMeasure(self._memory)
         placed = _Placed(lanes, self._open_runners(model, lanes, measure), {}, None)
+        if self._inline_max_ns and not any(lane.on_gpu for lane in lanes):
+            placed, measure = self._if_tiny(model, placed, measure)
         if model.spec.warmup:
             measure.before_warmup()
             try:
@@ -153,6 +160,29 @@ class LocalModelHost:
             measure.after_warmup()
         placed.footprint = measure.finish()
         return placed
+
+    def _if_tiny(self, model: LoadedModel, placed: _Placed, measure: LoadMeasure) -> tuple[_Placed, LoadMeasure]:
+        """A tiny model (core/tiny_models.py) reopened with one intra-op thread, unless its config sets the count
+        (a second thread's wake-up is most of such a run), and marked so that its executor runs its batches on the
+        loop; anything else as it was."""
+        try:
+            tiny = is_tiny(next(iter(placed.runners.values())), model.spec)
+        except Exception:
+            placed.close()
+            raise
+        if not tiny:
+            return placed, measure
+        log.info("model %s v%s is tiny (its largest batch runs in microseconds): every batch runs on the event loop",
+                 model.name, model.version)
+        settings = model.spec.session
+        if settings is not None and settings.intra_op_threads is not None:
+            placed.tiny = True
+            return placed, measure
+        placed.close()
+        measure = LoadMeasure(self._memory)  # the footprint of the sessions it keeps
+        one_thread = replace(settings or SessionSettings(), intra_op_threads=1)
+        return _Placed(placed.lanes, self._open_runners(model, placed.lanes, measure, one_thread), {}, None,
+                       tiny=True), measure
 
     def _place(self, model: LoadedModel, lanes: list, knobs: Mapping[str, Any], counts: list[int]) -> _Placed:
         """Open the model on the lanes chosen; on the CPU lanes instead when its GPU cannot hold it and the
@@ -206,7 +236,7 @@ class LocalModelHost:
                                  BatchCompletion(model.name, model.stats, self._energy_observer),
                                  self.scheduler, model.spec, version=model.version,
                                  weight=float(knobs.get("weight", 1.0)), inline_max_ns=self._inline_max_ns,
-                                 launch=self._launch)
+                                 launch=self._launch, tiny=placed.tiny)
         providers = sorted({getattr(r, "provider", "?") for r in executor.runners})
         self.loop.call_soon_threadsafe(self.scheduler.register, executor)
         log.info("model %s v%s on lanes %s (%s), batching %s", model.name, model.version,

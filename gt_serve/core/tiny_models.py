@@ -1,0 +1,65 @@
+"""Tiny models: those whose largest batch runs in a few microseconds (issue #17, thirtieth pass).
+
+An ensemble's pre- and post-processing steps (a Sub/Div of 32 x 256 floats: ~11 µs; a softmax of 32 x 10: ~7) cost
+far less than handing a batch to another thread and its answer back. Under load each of their batches held the lane
+0.6-0.8 ms, waiting for onnxruntime's pool thread and for the GIL, and their runs on the loop cost ~130 µs of its CPU:
+with two intra-op threads a run waits, spinning, for its second thread, which on a busy machine is seldom running.
+Measured under load, such a model cannot be told from one that is merely fast: every figure reads several times the
+run's own. So it is told once, at load, before it serves: its runner runs a batch of zeros of its largest size a few
+times (`probe_ns`, the quickest run), while nothing else of the model runs. A model whose largest batch runs under
+TINY_RUN_NS is tiny: the host reopens it with one intra-op thread (unless its config sets the count) and its executor
+runs every batch on the loop's thread.
+
+Only on CPU lanes, only where every input has a fixed shape past the batch dimension and a numeric datatype (zeros
+are then a valid request), and never a failure: a model the probe cannot run is simply not tiny.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from ..datatypes import numpy_dtype
+
+TINY_RUN_NS = 30_000  # the largest batch's quickest run; mlp's 8 rows take ~340 µs, a forest's 4 rows ~30
+PROBE_RUNS = 3
+_now_ns = time.perf_counter_ns
+
+
+def probe_feeds(spec: Any) -> dict[str, np.ndarray] | None:
+    """Zeros for each input at the model's largest batch (client dims: the runner applies any reshape), or None
+    where a shape past the batch dimension is variable or an input is BYTES."""
+    rows = (spec.max_batch_size,) if spec.max_batch_size > 0 else ()
+    feeds = {}
+    for name, tensor in spec.inputs.items():
+        dims = tuple(int(d) for d in tensor.dims)
+        if tensor.datatype == "BYTES" or any(d < 0 for d in dims):
+            return None
+        feeds[name] = np.zeros(rows + dims, dtype=numpy_dtype(tensor.datatype))
+    return feeds or None
+
+
+def probe_ns(runner: Any, spec: Any, runs: int = PROBE_RUNS) -> int | None:
+    """The quickest of `runs` runs of the model's largest batch of zeros on `runner`, or None where it cannot be
+    probed (probe_feeds) or a run fails. The first run (allocations, first-run set-up) is not counted."""
+    feeds = probe_feeds(spec)
+    if feeds is None:
+        return None
+    outputs = list(spec.output_order)
+    try:
+        runner.run(feeds, outputs)
+        best = None
+        for _ in range(runs):
+            start = _now_ns()
+            runner.run(feeds, outputs)
+            took = _now_ns() - start
+            best = took if best is None else min(best, took)
+        return best
+    except Exception:  # noqa: BLE001 - zeros the model refuses: it is not tiny, and its load goes on
+        return None
+
+
+def is_tiny(runner: Any, spec: Any) -> bool:
+    took = probe_ns(runner, spec)
+    return took is not None and took < TINY_RUN_NS
