@@ -45,6 +45,7 @@ parameters { key: "inter_op_thread_count" value: { string_value: "1" } }
 parameters { key: "enable_mem_pattern" value: { string_value: "0" } }
 '''
 CACHED = 'max_batch_size: 8\nresponse_cache { enable: true }\n'
+COUNTED = 'max_batch_size: 8\nparameters { key: "intra_op_thread_count" value: { string_value: "2" } }\n'
 CACHED_ENSEMBLE = '''platform: "ensemble" max_batch_size: 8 response_cache { enable: true }
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
@@ -69,10 +70,12 @@ def _repo(root: Path) -> Path:
     (root / "warm" / "config.pbtxt").write_text('name: "warm"\n' + WARM)
     (root / "warm" / "warmup").mkdir()
     (root / "warm" / "warmup" / "ones.bin").write_bytes(np.ones(16, dtype=np.int32).tobytes())
-    for name, text in (("reshaped", RESHAPED), ("tuned", TUNED), ("cached", CACHED)):
+    for name, text in (("reshaped", RESHAPED), ("tuned", TUNED), ("cached", CACHED), ("counted", COUNTED)):
         mb.scale(root / name / "1" / "model.onnx", factor=2.0, width=4)
         (root / name / "config.pbtxt").write_text(f'name: "{name}"\n' + text)
     mb.argmax(root / "argmax" / "1" / "model.onnx")  # no config.pbtxt
+    mb.mlp(root / "mlp" / "1" / "model.onnx")
+    (root / "mlp" / "config.pbtxt").write_text('name: "mlp"\nmax_batch_size: 8\n')
     (root / "cached_ensemble" / "1").mkdir(parents=True)
     (root / "cached_ensemble" / "config.pbtxt").write_text('name: "cached_ensemble"\n' + CACHED_ENSEMBLE)
     for name, (text, _) in REFUSED.items():
@@ -87,6 +90,7 @@ def server(tmp_path_factory):
     srv = start_server(repo, tmp_path_factory.mktemp("srv_features"), "--model-control-mode", "explicit",
                        "--load-model", "warm", "--load-model", "reshaped", "--load-model", "tuned",
                        "--load-model", "cached", "--load-model", "argmax", "--load-model", "cached_ensemble",
+                       "--load-model", "counted", "--load-model", "mlp",
                        "--cache-config", f"local,size={CACHE_BYTES}")
     yield srv
     srv.stop()
@@ -151,6 +155,25 @@ def test_onnxruntime_parameters_reach_the_session(server):
     assert lines, server.log()[-2000:]
     assert all("intra_op_threads=1" in line and "inter_op_threads=1" in line for line in lines)
     assert all("ORT_ENABLE_EXTENDED" in line and "enable_mem_pattern=False" in line for line in lines)
+
+
+def test_tiny_models_are_told_at_load_and_get_one_intra_op_thread_unless_their_config_counts_them(server):
+    """core/tiny_models.py: a Mul of 8 x 4 floats runs in microseconds, mlp's 8 rows in hundreds of them (a margin
+    of ~10x either side of the bound). The session lines are onnxruntime's own options, read back."""
+    log = server.log()
+
+    def session(name: str) -> str:
+        (line,) = [line for line in log.splitlines() if f"model {name} v1 session:" in line]
+        return line
+
+    assert "model cached v1 is tiny" in log and "intra_op_threads=1," in session("cached")
+    assert "model counted v1 is tiny" in log and "intra_op_threads=2," in session("counted")  # the config's count
+    assert "model mlp v1 is tiny" not in log and "intra_op_threads=1," not in session("mlp")
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    data = np.arange(32, dtype=np.float32).reshape(8, 4)
+    inp = grpcclient.InferInput("INPUT", [8, 4], "FP32")
+    inp.set_data_from_numpy(data)
+    np.testing.assert_array_equal(client.infer("counted", [inp]).as_numpy("OUTPUT"), data * 2)
 
 
 def test_response_cache_hits_and_misses(server):

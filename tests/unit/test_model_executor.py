@@ -121,13 +121,13 @@ class Runner:
 
 
 def build(energy=None, inline_max_ns=0, extra_lanes=(), max_batch_size=8, launch="never", launchable=True,
-          delay_s=0.0):
+          delay_s=0.0, tiny=False):
     lane, sched, runner = FakeLane(), RecordingScheduler(), Runner(launchable)
     stats = ModelStats("m", "1")
     batcher = Batcher("m", BatchConfig(max_batch_size, (), delay_s), QueuePolicy(), wake=sched.notify)
     runners = {lane: runner, **{extra: runner for extra in extra_lanes}}
     executor = ModelExecutor(batcher, runners, runner.job, BatchCompletion("m", stats, energy), sched, SPEC,
-                             version="1", inline_max_ns=inline_max_ns, launch=launch)
+                             version="1", inline_max_ns=inline_max_ns, launch=launch, tiny=tiny)
     return executor, lane, sched, runner, stats
 
 
@@ -398,6 +398,31 @@ def test_batches_of_several_requests_are_launched_once_the_lane_has_timed_them_f
         batch_of([5, 6])  # a GPU lane's stream is its thread's
         assert len(lane.launched) == 2
         assert await asyncio.wait_for(lone[0], WAIT_S) == [8]
+    asyncio.run(main())
+
+
+def test_a_tiny_models_batches_of_any_size_run_on_the_loop_on_a_cpu_lane_with_inlining_on():
+    """core/tiny_models.py told it tiny at load: no batch is handed to another thread (not launched, not queued for
+    the lane thread), whatever its rows and whatever LaunchChoice would say; a GPU lane's stream stays its own, and
+    `lanes.inline_max_us: 0` keeps every batch off the loop."""
+    async def main():
+        executor, lane, _, runner, _ = build(inline_max_ns=300_000, max_batch_size=32, launch="always", tiny=True)
+        for rows in (1, 5, 20, 32):
+            futures = [executor.submit({"x": np.int64(x)}, 1, ()) for x in range(rows)]
+            dispatch_all(executor, lane)
+            lane.finish_next()
+            assert [await asyncio.wait_for(f, WAIT_S) for f in futures] == [[2 * x] for x in range(rows)]
+        assert len(lane.ran_here) == 4 and lane.launched == []
+        lane.on_gpu = True
+        executor.submit({"x": np.int64(1)}, 1, ())
+        executor.submit({"x": np.int64(2)}, 1, ())
+        dispatch_all(executor, lane)
+        assert len(lane.ran_here) == 4
+        executor, lane, _, _, _ = build(inline_max_ns=0, max_batch_size=32, tiny=True)
+        for x in range(12):
+            executor.submit({"x": np.int64(x)}, 1, ())
+        dispatch_all(executor, lane)
+        assert lane.ran_here == []
     asyncio.run(main())
 
 
