@@ -37,23 +37,29 @@ class ClockedRunner:
         self.clock, self.durations, self.fail, self.calls = clock, durations, fail, []
 
     def run(self, feeds, outputs):
-        self.calls.append((sorted(feeds), outputs))
+        self.calls.append((next(iter(feeds.values())).shape[0], outputs))
         if self.fail:
             raise RuntimeError("zeros are not a valid input here")
         self.clock[0] += self.durations.pop(0)
 
 
-def test_the_quickest_timed_run_counts_not_the_first(monkeypatch):
+def test_one_row_first_then_the_quickest_timed_run_of_the_largest_batch(monkeypatch):
     clock = [0]
     monkeypatch.setattr(tiny_models, "_now_ns", lambda: clock[0])
-    runner = ClockedRunner(clock, [900_000, 40_000, 20_000, 25_000])  # the first: allocations, not counted
-    assert probe_ns(runner, spec(8, A=("FP32", (4,)))) == 20_000
-    assert runner.calls == [(["A"], ["OUTPUT"])] * 4
-    runner = ClockedRunner(clock, [1, TINY_RUN_NS - 1, TINY_RUN_NS + 5, TINY_RUN_NS])
-    assert is_tiny(runner, spec(8, A=("FP32", (4,))))
-    runner = ClockedRunner(clock, [1, TINY_RUN_NS, TINY_RUN_NS + 5, TINY_RUN_NS * 9])
-    assert not is_tiny(runner, spec(8, A=("FP32", (4,))))
-    assert probe_ns(ClockedRunner(clock, [], fail=True), spec(8, A=("FP32", (4,)))) is None
+    a = spec(8, A=("FP32", (4,)))
+    # a row (set-up run, timed run), then the largest batch (set-up run, three timed runs)
+    runner = ClockedRunner(clock, [900_000, 9_000, 700_000, 40_000, 20_000, 25_000])
+    assert probe_ns(runner, a) == 20_000
+    assert [rows for rows, _ in runner.calls] == [1, 1, 8, 8, 8, 8]
+    runner = ClockedRunner(clock, [1, 1, 1, TINY_RUN_NS - 1, TINY_RUN_NS + 5, TINY_RUN_NS])
+    assert is_tiny(runner, a)
+    runner = ClockedRunner(clock, [1, 1, 1, TINY_RUN_NS, TINY_RUN_NS + 5, TINY_RUN_NS * 9])
+    assert not is_tiny(runner, a)
+    runner = ClockedRunner(clock, [1, TINY_RUN_NS * 3])  # a row alone is too slow: no larger batch is run
+    assert probe_ns(runner, a) == TINY_RUN_NS * 3 and len(runner.calls) == 2
+    runner = ClockedRunner(clock, [1, 5, 6, 7])  # a model that does not batch: its one shape, no row first
+    assert probe_ns(runner, spec(0, A=("FP32", (4,)))) == 5 and [r for r, _ in runner.calls] == [4] * 4
+    assert probe_ns(ClockedRunner(clock, [], fail=True), a) is None
     assert not is_tiny(ClockedRunner(clock, []), spec(8, A=("FP32", (-1,))))  # not probed at all
 
 
