@@ -105,6 +105,7 @@ class App:
                               energy_observer=self.energy.on_batch, response_cache=self.response_cache is not None,
                               memory=self.memory_book, slo_s={m: ms / 1e3 for m, ms in self.cfg.router.slo_ms.items()},
                               inline_max_ns=self.cfg.lanes.inline_max_us * 1000,
+                              tiny_run_ns=self.cfg.lanes.tiny_run_us * 1000,
                               launch=self.cfg.lanes.launch)
 
     async def start(self) -> None:

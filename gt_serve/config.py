@@ -103,6 +103,11 @@ class LanesConfig:
     # ~0.9x CPU and p50 per inference; a model without dynamic batching under load 0.76-0.87x CPU; issue #17). The
     # loop is busy for that long, so keep it short; 0 = every batch runs on its lane's thread. CPU lanes only.
     inline_max_us: int = 300
+    # a CPU model whose largest batch of zeros runs in less than this at load is tiny (core/tiny_models.py): one
+    # intra-op thread unless its config counts them, and every batch on the event loop's thread (needs inline_max_us
+    # above 0). An ensemble's trivial steps, a forest's 4 rows: 1.09-1.27x the inf/s at 0.78-0.92x the CPU at 16-64
+    # clients (issue #17); 0 = no model is tiny
+    tiny_run_us: int = 100
     # a CPU model's batch of several requests (up to 512 KiB of inputs) launched from the event loop into
     # onnxruntime's pool, not run on the lane's thread: it starts without waiting for the lane thread to get the GIL,
     # but computes on one thread (issue #17, core/launch_choice.py). "auto": while the model's lane runs take under
@@ -271,6 +276,8 @@ def _validate_lanes(lanes: LanesConfig) -> None:
         raise ConfigError(f"config key 'lanes.io_binding' must be one of {IO_BINDING_MODES}, got {lanes.io_binding!r}")
     if lanes.inline_max_us < 0:
         raise ConfigError(f"config key 'lanes.inline_max_us' must be 0 or more microseconds, got {lanes.inline_max_us!r}")
+    if lanes.tiny_run_us < 0:
+        raise ConfigError(f"config key 'lanes.tiny_run_us' must be 0 or more microseconds, got {lanes.tiny_run_us!r}")
     if lanes.launch not in LAUNCH_MODES:
         raise ConfigError(f"config key 'lanes.launch' must be one of {LAUNCH_MODES}, got {lanes.launch!r}")
     if lanes.spin_us < 0:

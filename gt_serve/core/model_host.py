@@ -77,7 +77,7 @@ class LocalModelHost:
                  model_knobs: Mapping[str, Mapping[str, Any]] | None = None, *,
                  energy_observer: EnergyObserver | None = None, response_cache: bool = False,
                  memory: MemoryBook | None = None, slo_s: Mapping[str, float] | None = None,
-                 inline_max_ns: int = 0, launch: str = "never") -> None:
+                 inline_max_ns: int = 0, launch: str = "never", tiny_run_ns: int = 0) -> None:
         """`slo_s`: latency SLO per model name (router.slo_ms), for the spill path's check (core/spill.py);
         `inline_max_ns`: one-row batches shorter than this run on the loop thread (ModelExecutor._runs_inline);
         `launch`: lanes.launch, whether batches are launched into onnxruntime's pool from the loop
@@ -93,6 +93,7 @@ class LocalModelHost:
         self._memory = memory  # model-memory budget book: footprints measured here (core/memory_budget.py)
         self._slo_s = dict(slo_s or {})
         self._inline_max_ns = inline_max_ns
+        self._tiny_run_ns = tiny_run_ns  # core/tiny_models.py's bound; 0 = no model is tiny
         self._launch = launch
 
     def _lanes_for(self, cfg: mc.ModelConfig, cpu_only: bool = False) -> list:
@@ -147,7 +148,7 @@ class LocalModelHost:
         yet), with the footprint they took per device."""
         measure = LoadMeasure(self._memory)
         placed = _Placed(lanes, self._open_runners(model, lanes, measure), {}, None)
-        if self._inline_max_ns and not any(lane.on_gpu for lane in lanes):
+        if self._tiny_run_ns and self._inline_max_ns and not any(lane.on_gpu for lane in lanes):
             placed, measure = self._if_tiny(model, placed, measure)
         if model.spec.warmup:
             measure.before_warmup()
@@ -166,7 +167,7 @@ class LocalModelHost:
         (a second thread's wake-up is most of such a run), and marked so that its executor runs its batches on the
         loop; anything else as it was."""
         try:
-            tiny = is_tiny(next(iter(placed.runners.values())), model.spec)
+            tiny = is_tiny(next(iter(placed.runners.values())), model.spec, self._tiny_run_ns)
         except Exception:
             placed.close()
             raise

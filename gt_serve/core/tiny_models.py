@@ -24,7 +24,7 @@ import numpy as np
 
 from ..datatypes import numpy_dtype
 
-TINY_RUN_NS = 100_000  # the largest batch's quickest run (with the lane plan's intra-op threads)
+TINY_RUN_NS = 100_000  # lanes.tiny_run_us's default: the largest batch's quickest run (the lane plan's threads)
 PROBE_RUNS = 3
 _now_ns = time.perf_counter_ns
 
@@ -42,9 +42,9 @@ def probe_feeds(spec: Any, rows: int | None = None) -> dict[str, np.ndarray] | N
     return feeds or None
 
 
-def probe_ns(runner: Any, spec: Any, runs: int = PROBE_RUNS) -> int | None:
+def probe_ns(runner: Any, spec: Any, bound_ns: int = TINY_RUN_NS, runs: int = PROBE_RUNS) -> int | None:
     """The quickest of `runs` runs of the model's largest batch of zeros on `runner`, the first run of each size not
-    counted (allocations, first-run set-up). One row is timed first, and where it alone takes TINY_RUN_NS or more that
+    counted (allocations, first-run set-up). One row is timed first, and where it alone takes `bound_ns` or more that
     time is the answer (a large model's probe costs two runs of a row). None where the model cannot be probed
     (probe_feeds) or a run fails."""
     largest = probe_feeds(spec)
@@ -56,7 +56,7 @@ def probe_ns(runner: Any, spec: Any, runs: int = PROBE_RUNS) -> int | None:
             one = probe_feeds(spec, 1)
             runner.run(one, outputs)
             took = _timed(runner, one, outputs)
-            if took >= TINY_RUN_NS:
+            if took >= bound_ns:
                 return took
         runner.run(largest, outputs)
         return min(_timed(runner, largest, outputs) for _ in range(runs))
@@ -70,6 +70,7 @@ def _timed(runner: Any, feeds: dict, outputs: list) -> int:
     return _now_ns() - start
 
 
-def is_tiny(runner: Any, spec: Any) -> bool:
-    took = probe_ns(runner, spec)
-    return took is not None and took < TINY_RUN_NS
+def is_tiny(runner: Any, spec: Any, bound_ns: int = TINY_RUN_NS) -> bool:
+    """Whether the model's largest batch runs in less than `bound_ns` (lanes.tiny_run_us)."""
+    took = probe_ns(runner, spec, bound_ns)
+    return took is not None and took < bound_ns

@@ -29,6 +29,7 @@ def test_grpc_transport_from_the_environment(monkeypatch):
     ({"lanes": {"gpu_memory_limit_bytes": -1}}, ["lanes.gpu_memory_limit_bytes", "-1"]),
     ({"lanes": {"spin_us": -5}}, ["lanes.spin_us", "-5"]),
     ({"lanes": {"inline_max_us": -1}}, ["lanes.inline_max_us", "-1"]),
+    ({"lanes": {"tiny_run_us": -5}}, ["lanes.tiny_run_us", "-5"]),
     ({"lanes": {"launch": "sometimes"}}, ["lanes.launch", "sometimes"]),
 ])
 def test_bad_values_are_named(raw, words):
