@@ -47,11 +47,11 @@ def probe_ns(runner: Any, spec: Any, bound_ns: int = TINY_RUN_NS, runs: int = PR
     counted (allocations, first-run set-up). One row is timed first, and where it alone takes `bound_ns` or more that
     time is the answer (a large model's probe costs two runs of a row). None where the model cannot be probed
     (probe_feeds) or a run fails."""
-    largest = probe_feeds(spec)
-    if largest is None:
-        return None
     outputs = list(spec.output_order)
     try:
+        largest = probe_feeds(spec)
+        if largest is None:
+            return None
         if spec.max_batch_size > 1:
             one = probe_feeds(spec, 1)
             runner.run(one, outputs)
@@ -60,7 +60,7 @@ def probe_ns(runner: Any, spec: Any, bound_ns: int = TINY_RUN_NS, runs: int = PR
                 return took
         runner.run(largest, outputs)
         return min(_timed(runner, largest, outputs) for _ in range(runs))
-    except Exception:  # noqa: BLE001 - zeros the model refuses: it is not tiny, and its load goes on
+    except Exception:  # noqa: BLE001 - zeros the model refuses (or a datatype numpy lacks): not tiny; the load goes on
         return None
 
 

@@ -61,6 +61,7 @@ def test_one_row_first_then_the_quickest_timed_run_of_the_largest_batch(monkeypa
     assert probe_ns(runner, spec(0, A=("FP32", (4,)))) == 5 and [r for r, _ in runner.calls] == [4] * 4
     assert probe_ns(ClockedRunner(clock, [], fail=True), a) is None
     assert not is_tiny(ClockedRunner(clock, []), spec(8, A=("FP32", (-1,))))  # not probed at all
+    assert probe_ns(ClockedRunner(clock, []), spec(8, A=("NOT_A_TYPE", (4,)))) is None  # refused, not raised
 
 
 def test_real_runners_are_probed_and_a_model_refusing_zeros_is_not_tiny(tmp_path):
