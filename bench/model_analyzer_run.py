@@ -30,9 +30,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gt_serve.core.ensemble import is_ensemble  # noqa: E402
-from gt_serve.core.model_config import parse_pbtxt  # noqa: E402
+from perf_repo import with_steps  # noqa: E402
+
 from gt_serve.testing.launcher import launch  # noqa: E402
 
 PERF_ANALYZER = Path.home() / ".cache" / "gt_serve" / "perf_analyzer" / "perf_analyzer"
@@ -44,14 +45,8 @@ def profile_config(models: list[str]) -> str:
 
 
 def composing_models(repository: Path, models: list[str]) -> list[str]:
-    """The step models of the ensembles among `models` (each config.pbtxt read as gt-serve reads it), in order."""
-    found: list[str] = []
-    for name in models:
-        path = repository / name / "config.pbtxt"
-        cfg = parse_pbtxt(path.read_text(), name) if path.is_file() else None
-        if cfg is not None and is_ensemble(cfg):
-            found += [m for m in dict.fromkeys(s.model_name for s in cfg.ensemble_scheduling.step) if m not in found]
-    return found
+    """The step models of the ensembles among `models`, nested ones too (perf_repo.with_steps), in order."""
+    return [m for m in with_steps(repository, models) if m not in models]
 
 
 def server_wrapper(work: Path) -> Path:

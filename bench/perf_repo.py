@@ -102,14 +102,22 @@ def completed_configs(repo: Path, models: list[str], workdir: Path, gt_config: s
         server.stop()
 
 
+def model_config(config: dict):
+    """`config` (a model config as JSON, gt-serve's /v2/models/NAME/config) as a ModelConfig."""
+    from google.protobuf import json_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    return json_format.ParseDict(config, mc.ModelConfig(), ignore_unknown_fields=True)
+
+
 def triton_pbtxt(config: dict) -> str:
     """`config` (a model config as JSON) as config.pbtxt for Triton's Python backend: the same inputs, outputs and
     batching, `backend: "python"`, CPU instances (a count of 0, gt-serve's "fill in", becomes 1), no warm-up. An
     ensemble stays as it is (Triton's own ensemble scheduler runs it)."""
-    from google.protobuf import json_format, text_format
+    from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    cfg = json_format.ParseDict(config, mc.ModelConfig(), ignore_unknown_fields=True)
+    cfg = model_config(config)
     if is_ensemble(cfg):
         return text_format.MessageToString(cfg)
     cfg.platform = ""
@@ -129,7 +137,7 @@ def triton_mirror(repo: Path, out: Path, configs: dict[str, dict]) -> Path:
     for name, config in configs.items():
         (out / name).mkdir(parents=True)
         (out / name / "config.pbtxt").write_text(triton_pbtxt(config))
-        if config.get("platform") == "ensemble":
+        if is_ensemble(model_config(config)):
             (out / name / "1").mkdir()
             continue
         for version in (repo / name).iterdir():
@@ -157,7 +165,7 @@ def raw_inputs(config: dict, shapes: dict[str, list[int]]) -> tuple[Callable[[in
     with a BYTES input and for an ensemble (no one ONNX file to run)."""
     from gt_serve.datatypes import numpy_dtype
 
-    if config.get("platform") == "ensemble":
+    if is_ensemble(model_config(config)):
         return None
     max_batch = int(config.get("max_batch_size", 0))
     specs = []
