@@ -24,16 +24,19 @@ def energy_metric_provider(energy: Any):
             per_inf.add_metric([model, device], dynamic_j / inferences if inferences else 0.0)
         yield joules
         yield per_inf
-        meters = energy.unique_meters()
+        # each meter read once a scrape (an NVML call each), for gt_node_* and Triton's nv_* alike
+        readings = [(device, meter, meter.energy_j(), meter.power_w())
+                    for device, meter in energy.unique_meters().items()]
         node = CounterMetricFamily("gt_node_energy_joules", "Energy read by each meter since start",
                                    labels=["device", "meter"])
         power = GaugeMetricFamily("gt_node_power_watts", "Current power per meter", labels=["device", "meter"])
-        for device, meter in meters.items():
-            node.add_metric([device, meter.name], meter.energy_j())
-            power.add_metric([device, meter.name], meter.power_w())
+        for device, meter, energy_j, power_w in readings:
+            node.add_metric([device, meter.name], energy_j)
+            power.add_metric([device, meter.name], power_w)
         yield node
         yield power
-        gpus = [meter for device, meter in meters.items() if device.startswith("gpu:")]
+        gpus = [(meter, energy_j, power_w) for device, meter, energy_j, power_w in readings
+                if device.startswith("gpu:")]
         if gpus:
             yield from _gpu_families(gpus)
 
@@ -41,7 +44,8 @@ def energy_metric_provider(energy: Any):
 
 
 def _gpu_families(meters: list) -> list:
-    """Triton's GPU metrics, one sample per GPU meter (labelled by its name); what a meter cannot read is left out."""
+    """Triton's GPU metrics from (meter, its energy J, its power W) per GPU meter, one sample each (labelled by its
+    name); what a meter cannot read is left out."""
     label = ["gpu_uuid"]
     nv_energy = CounterMetricFamily("nv_energy_consumption", "GPU energy consumption in joules since start",
                                     labels=label)
@@ -50,10 +54,10 @@ def _gpu_families(meters: list) -> list:
     nv_limit = GaugeMetricFamily("nv_gpu_power_limit", "GPU power management limit in watts", labels=label)
     nv_mem_total = GaugeMetricFamily("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", labels=label)
     nv_mem_used = GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", labels=label)
-    for meter in meters:
+    for meter, energy_j, power_w in meters:
         name = [meter.name]
-        nv_energy.add_metric(name, meter.energy_j())
-        nv_power.add_metric(name, meter.power_w())
+        nv_energy.add_metric(name, energy_j)
+        nv_power.add_metric(name, power_w)
         if hasattr(meter, "utilization"):
             nv_util.add_metric(name, meter.utilization())
         limit_w = meter.power_limit_w() if hasattr(meter, "power_limit_w") else None
