@@ -166,12 +166,7 @@ class LocalModelHost:
         """A tiny model (core/tiny_models.py) reopened with one intra-op thread, unless its config sets the count
         (a second thread's wake-up is most of such a run), and marked so that its executor runs its batches on the
         loop; anything else as it was."""
-        try:
-            tiny = is_tiny(next(iter(placed.runners.values())), model.spec, self._tiny_run_ns)
-        except Exception:
-            placed.close()
-            raise
-        if not tiny:
+        if not is_tiny(next(iter(placed.runners.values())), model.spec, self._tiny_run_ns):  # never raises
             return placed, measure
         log.info("model %s v%s is tiny (its largest batch runs in microseconds): every batch runs on the event loop",
                  model.name, model.version)
