@@ -42,6 +42,10 @@ INLINE_ROWS = 7
 # `_answered`: a batch whose run took at least this many queue delays expects its clients back whatever the count: a
 # lane held idle for one delay then loses at most an eighth of a run
 _LONG_RUN_DELAYS = 8
+# `_answered`: up to this many rows (the answered requests and the queued ones, within max_batch_size) a batch expects
+# its clients back when fewer are queued than it answered: one batch of them costs far less than two halves (mlp: 16
+# rows 0.39 ms of CPU, two batches of 8 0.68), and the loop answers and reads them back well within a queue delay
+_EXPECT_ROWS = 16
 _GAP_CAP_NS = 1_000_000  # `run_now`: the time between two requests counts up to this (a long idle, then a burst)
 
 # job_factory(runner, batch, spec, lane) -> the zero-argument job the lane runs (execution.job_factory.JobFactory)
@@ -254,17 +258,23 @@ class ModelExecutor:
         """Before the next batch is formed: whether it waits for the clients of this one's requests. While these and
         the queued ones together make a small batch (INLINE_ROWS requests): a few closed-loop clients then send their
         next requests together, a little apart, and a batch of all of them costs less than a lone row run ahead of
-        the rest (mlp over gRPC: 0.87x the server CPU at 2 clients, 0.92x at 4, 0.91x at 8; HTTP 4 0.96x). Or when
-        the batch's run took `_LONG_RUN_DELAYS` queue delays or more: a compute-bound model's larger batch saves more
-        than the lane's wait costs (convnet: 8 rows run in 0.67x the time of two batches of 4; 0.85x the CPU at 8
-        HTTP clients, 0.91x at 16 gRPC clients). Otherwise many clients keep the lane busy: theirs come back while it
-        computes, and waiting for them would leave it idle (expecting every batch's clients back: 1.28x the CPU at 64
-        gRPC clients, mlp). Returns whether it expects them."""
+        the rest (mlp over gRPC: 0.87x the server CPU at 2 clients, 0.92x at 4, 0.91x at 8; HTTP 4 0.96x). While they
+        make up to `_EXPECT_ROWS` (and fit one batch) and fewer are queued than were answered: the other clients'
+        requests did not all come back while the lane computed, so the lane would be idle part of the time anyway,
+        and batches alternating in halves cost more than one batch of all (mlp: 1.13x the inf/s at 0.79x the CPU at 8
+        HTTP clients, 1.08x at 0.77x at 16 gRPC clients). Or when the batch's run took `_LONG_RUN_DELAYS` queue
+        delays or more: a compute-bound model's larger batch saves more than the lane's wait costs (convnet: 8 rows
+        run in 0.67x the time of two batches of 4; 0.85x the CPU at 8 HTTP clients, 0.91x at 16 gRPC clients).
+        Otherwise many clients keep the lane busy: theirs come back while it computes, and waiting for them would
+        leave it idle (expecting every batch's clients back: 1.28x the CPU at 64 gRPC clients, mlp; up to 64 rows
+        with max_batch_size 64, 0.91x the inf/s at 64 HTTP clients). Returns whether it expects them."""
         requests = len(batch.entries)
         batcher = self.batcher
         window_ns = batcher.return_window_ns
-        expect = bool(window_ns) and (requests + batcher.pending <= INLINE_ROWS
-                                      or elapsed_ns >= _LONG_RUN_DELAYS * window_ns)
+        together = requests + batcher.pending
+        expect = bool(window_ns) and (together <= INLINE_ROWS or elapsed_ns >= _LONG_RUN_DELAYS * window_ns
+                                      or (together <= min(batcher.cfg.max_batch_size, _EXPECT_ROWS)
+                                          and batcher.pending < requests))
         if expect:  # the window opens when the answers are out (`_answers_out`)
             batcher.answered(requests, None)
         else:

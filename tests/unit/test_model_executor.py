@@ -616,7 +616,7 @@ def test_a_failed_lone_run_raises_the_error_its_future_would_get_and_counts_no_s
     asyncio.run(main())
 
 
-def test_the_clients_of_a_small_batch_are_expected_back_and_those_of_a_large_one_or_with_a_queue_are_not():
+def test_the_clients_of_a_small_batch_are_expected_back_and_those_of_a_large_one_or_with_a_long_queue_are_not():
     async def main():
         executor, lane, sched, runner, stats = build(max_batch_size=16, delay_s=0.01)
         batcher = executor.batcher
@@ -643,13 +643,26 @@ def test_the_clients_of_a_small_batch_are_expected_back_and_those_of_a_large_one
         dispatch_all(executor, lane)  # all three back: one batch
         lane.finish_next()
         assert runner.runs[-1] == [9, 8, 7] and batcher.returning == 3
-        run_batch(8)
-        assert batcher.returning == 0  # more than INLINE_ROWS: they come back while the lane computes
         run_batch(3, queued_after=5)
         assert batcher.returning == 0  # 3 answered and 5 queued: many clients
-        for elapsed_ns, expected in ((79_000_000, 0), (80_000_000, 8)):  # 8 answered, 4 queued, a run of ~8 delays
+
+        def expected_after(answered, queued, max_batch_size=16):
+            fresh, fresh_lane = build(max_batch_size=max_batch_size, delay_s=0.01)[:2]
+            for x in range(answered + queued):
+                fresh.submit({"x": x}, 1, ())
+                if x == answered - 1:
+                    dispatch_all(fresh, fresh_lane)
+            fresh_lane.finish_next()
+            return fresh.batcher.returning
+
+        assert expected_after(8, 0) == 8  # more than INLINE_ROWS, nothing queued: up to _EXPECT_ROWS are waited for
+        assert expected_after(6, 4) == 6  # fewer queued than answered: not all came back while the lane computed
+        assert expected_after(8, 8) == 0  # as many queued as answered: they come back while the lane computes
+        assert expected_after(12, 6, max_batch_size=32) == 0  # more than _EXPECT_ROWS together
+        assert expected_after(6, 3, max_batch_size=8) == 0  # more than one batch of max_batch_size 8
+        for elapsed_ns, expected in ((79_000_000, 0), (80_000_000, 8)):  # 8 answered, 9 queued, a run of ~8 delays
             slow, slow_lane = build(max_batch_size=16, delay_s=0.01)[:2]
-            for x in range(12):
+            for x in range(17):
                 slow.submit({"x": x}, 1, ())
                 if x == 7:
                     dispatch_all(slow, slow_lane)
