@@ -42,10 +42,10 @@ INLINE_ROWS = 7
 # `_answered`: a batch whose run took at least this many queue delays expects its clients back whatever the count: a
 # lane held idle for one delay then loses at most an eighth of a run
 _LONG_RUN_DELAYS = 8
-# `_answered`: up to this many rows (the answered requests and the queued ones, within max_batch_size) a batch expects
+# `_answered`: up to this many requests (the answered ones and the queued ones, within max_batch_size) a batch expects
 # its clients back when fewer are queued than it answered: one batch of them costs far less than two halves (mlp: 16
 # rows 0.39 ms of CPU, two batches of 8 0.68), and the loop answers and reads them back well within a queue delay
-_EXPECT_ROWS = 16
+_EXPECT_REQUESTS = 16
 _GAP_CAP_NS = 1_000_000  # `run_now`: the time between two requests counts up to this (a long idle, then a burst)
 
 # job_factory(runner, batch, spec, lane) -> the zero-argument job the lane runs (execution.job_factory.JobFactory)
@@ -259,7 +259,7 @@ class ModelExecutor:
         the queued ones together make a small batch (INLINE_ROWS requests): a few closed-loop clients then send their
         next requests together, a little apart, and a batch of all of them costs less than a lone row run ahead of
         the rest (mlp over gRPC: 0.87x the server CPU at 2 clients, 0.92x at 4, 0.91x at 8; HTTP 4 0.96x). While they
-        make up to `_EXPECT_ROWS` (and fit one batch) and fewer are queued than were answered: the other clients'
+        make up to `_EXPECT_REQUESTS` (and fit one batch) and fewer are queued than were answered: the other clients'
         requests did not all come back while the lane computed, so the lane would be idle part of the time anyway,
         and batches alternating in halves cost more than one batch of all (mlp: 1.13x the inf/s at 0.79x the CPU at 8
         HTTP clients, 1.08x at 0.77x at 16 gRPC clients). Or when the batch's run took `_LONG_RUN_DELAYS` queue
@@ -273,7 +273,7 @@ class ModelExecutor:
         window_ns = batcher.return_window_ns
         together = requests + batcher.pending
         expect = bool(window_ns) and (together <= INLINE_ROWS or elapsed_ns >= _LONG_RUN_DELAYS * window_ns
-                                      or (together <= min(batcher.cfg.max_batch_size, _EXPECT_ROWS)
+                                      or (together <= min(batcher.cfg.max_batch_size, _EXPECT_REQUESTS)
                                           and batcher.pending < requests))
         if expect:  # the window opens when the answers are out (`_answers_out`)
             batcher.answered(requests, None)

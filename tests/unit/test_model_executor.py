@@ -655,10 +655,10 @@ def test_the_clients_of_a_small_batch_are_expected_back_and_those_of_a_large_one
             fresh_lane.finish_next()
             return fresh.batcher.returning
 
-        assert expected_after(8, 0) == 8  # more than INLINE_ROWS, nothing queued: up to _EXPECT_ROWS are waited for
+        assert expected_after(8, 0) == 8  # more than INLINE_ROWS, nothing queued: up to _EXPECT_REQUESTS are waited for
         assert expected_after(6, 4) == 6  # fewer queued than answered: not all came back while the lane computed
         assert expected_after(8, 8) == 0  # as many queued as answered: they come back while the lane computes
-        assert expected_after(12, 6, max_batch_size=32) == 0  # more than _EXPECT_ROWS together
+        assert expected_after(12, 6, max_batch_size=32) == 0  # more than _EXPECT_REQUESTS together
         assert expected_after(6, 3, max_batch_size=8) == 0  # more than one batch of max_batch_size 8
         for elapsed_ns, expected in ((79_000_000, 0), (80_000_000, 8)):  # 8 answered, 9 queued, a run of ~8 delays
             slow, slow_lane = build(max_batch_size=16, delay_s=0.01)[:2]
