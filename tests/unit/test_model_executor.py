@@ -616,6 +616,33 @@ def test_a_failed_lone_run_raises_the_error_its_future_would_get_and_counts_no_s
     asyncio.run(main())
 
 
+def test_a_batch_of_every_client_runs_on_the_loop_once_such_batches_ran_in_under_twice_the_inline_bound():
+    """`_runs_round`: the clients of a batch of 10 (max_batch_size 10) are expected back, nothing being queued; once
+    two batches in a row expected theirs and all 10 are back, their batch runs on the loop if batches of 10 ran in
+    under 2 x inline_max_ns; not after one such batch only, not with a request queued behind it, and not when such
+    runs were slower."""
+    async def main():
+        def on_loop(ran_ns, rounds=2, extra=0):
+            executor, lane, _, runner, _ = build(max_batch_size=10, delay_s=0.01, inline_max_ns=100_000)
+            for x in range(10):
+                executor.submit({"x": x}, 1, ())
+            for r in range(1, rounds + 1):
+                dispatch_all(executor, lane)
+                lane.finish_next(ran_ns)  # batches of 10 rows take `ran_ns`
+                for x in range(10 + (extra if r == rounds else 0)):  # the answered clients come back
+                    executor.submit({"x": 100 * r + x}, 1, ())
+            dispatch_all(executor, lane)
+            batch = lane.submitted[-1][2]
+            ran_here = any(batch is tag for tag in lane.ran_here)
+            return ran_here, runner.runs[-1] if ran_here else batch.size
+
+        assert on_loop(150_000) == (True, list(range(200, 210)))  # all 10 back, 10 rows ran in 150 µs < 200 µs
+        assert on_loop(150_000, rounds=1) == (False, 10)  # one batch expected its clients: not yet
+        assert on_loop(250_000) == (False, 10)  # such batches ran slower than 2 x inline_max_ns: the lane's way
+        assert on_loop(150_000, extra=1) == (False, 10)  # one more queued behind the batch: a request to read
+    asyncio.run(main())
+
+
 def test_the_clients_of_a_small_batch_are_expected_back_and_those_of_a_large_one_or_with_a_long_queue_are_not():
     async def main():
         executor, lane, sched, runner, stats = build(max_batch_size=16, delay_s=0.01)
