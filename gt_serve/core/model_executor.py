@@ -122,11 +122,8 @@ class ModelExecutor:
         batch = self.batcher.take(entries)
         self.in_flight += 1
         job = self._job_factory(self._runners[lane], batch, self._spec, lane)
-        if self._tiny and not lane.on_gpu:  # handing it to another thread would cost more than running it
-            batch.inline = True
-            lane.run_here(job, self._complete, batch)
-            return
-        if self._runs_round(batch, lane):
+        # a tiny model's batch (handing it to another thread would cost more than running it), or every client's
+        if (self._tiny and not lane.on_gpu) or self._runs_round(batch, lane):
             batch.inline = True
             lane.run_here(job, self._complete, batch)
             return
