@@ -47,19 +47,24 @@ class BatchCompletion:
                 e.future.set_result(outputs)
                 record_success(now_ns - e.arrival_ns, e.dispatch_ns - e.arrival_ns)
 
-    def lone(self, batch: Batch, lane: Any, result: Any, exc: BaseException | None) -> list:
-        """A batch of one request run at once (ModelExecutor.run_now), charged as `resolve` charges it: the request's
-        outputs, or the error (raised) that its future would have got."""
+    def lone(self, lane: Any, result: Any, exc: BaseException | None) -> list:
+        """The outputs of a batch of one request run at once (ModelExecutor.run_now), or the error (raised) that its
+        future would have got; charged by `lone_books`."""
         if exc is not None:
             raise self.run_failed(lane, exc)
-        per_request, (input_ns, infer_ns, output_ns) = result
-        self._charge(batch, lane, per_request, input_ns, infer_ns, output_ns)
-        outputs = per_request[0]
+        outputs = result[0][0]
         if isinstance(outputs, BaseException):
             raise self.run_failed(lane, outputs)
-        entry = batch.entries[0]
-        self.stats.record_success(_now_ns() - entry.arrival_ns, 0)
         return outputs
+
+    def lone_books(self, batch: Batch, lane: Any, result: Any, exc: BaseException | None, done_ns: int) -> None:
+        """`lone`'s batch charged as `resolve` charges one (its request answered at `done_ns`)."""
+        if exc is not None:
+            return
+        per_request, (input_ns, infer_ns, output_ns) = result
+        self._charge(batch, lane, per_request, input_ns, infer_ns, output_ns)
+        if not isinstance(per_request[0], BaseException):
+            self.stats.record_success(done_ns - batch.entries[0].arrival_ns, 0)
 
     def _charge(self, batch: Batch, lane: Any, per_request: Sequence, input_ns: int, infer_ns: int,
                 output_ns: int) -> None:

@@ -551,17 +551,22 @@ def far_apart(executor):
 
 def test_a_lone_row_runs_at_once_while_requests_come_one_at_a_time():
     """No future, no queue entry, no turn of the loop: the outputs come back from the call, charged as a batch of one
-    that went through the queue is charged (statistics, energy, fair share, the shape's run time)."""
+    that went through the queue is charged (statistics, energy, fair share, the shape's run time) in the loop's next
+    turn, after the caller has written the answer."""
     async def main():
         charged = []
         executor, lane, sched, runner, stats = build(lambda *a: charged.append(a) or 0.5, inline_max_ns=100_000)
         assert executor.run_now({"x": 1}, ((4,),)) is None  # the shape has never run: the queue times it
         lone_ready(executor, lane)
-        before = (stats.inference_count, stats.execution_count, len(sched.finished_calls))
+        before = (stats.inference_count, stats.execution_count, len(sched.finished_calls), len(charged))
+        successes = stats.durations["success"].count
         assert executor.run_now({"x": 7}, ((4,),)) == [14]
         assert runner.runs[-1] == [7] and lane.ran_now == 1 and not lane.busy and executor.in_flight == 0
+        assert (stats.inference_count, stats.execution_count, len(sched.finished_calls), len(charged)) == before
+        await one_loop_turn()  # the books, once the answer is out
         assert (stats.inference_count, stats.execution_count, len(sched.finished_calls)) == \
             (before[0] + 1, before[1] + 1, before[2] + 1)
+        assert stats.durations["success"].count == successes + 1
         assert charged[-1] == ("m", "cpu", 1, 20 / 1e9) and executor._lone_ns[((4,),)] < 40_000
         assert executor.run_now({"x": 1}, ((9,),)) is None  # another shape, not timed yet
         far_apart(executor)
@@ -607,10 +612,11 @@ def test_a_failed_lone_run_raises_the_error_its_future_would_get_and_counts_no_s
     async def main():
         executor, lane, _, _, stats = build(inline_max_ns=100_000)
         lone_ready(executor, lane)
-        served = stats.inference_count
+        served, successes = stats.inference_count, stats.durations["success"].count
         with pytest.raises(Internal, match=r"model 'm': inference failed on lane cpu.0: RuntimeError: session explo"):
             executor.run_now({"x": "boom"}, ((4,),))
-        assert stats.inference_count == served and not lane.busy
+        await one_loop_turn()  # (the books come a turn later)
+        assert stats.inference_count == served and not lane.busy and stats.durations["success"].count == successes
         far_apart(executor)
         assert executor.run_now({"x": 5}, ((4,),)) == [10]  # the next one runs
     asyncio.run(main())
