@@ -7,13 +7,17 @@ alternating rounds share the drift, so their ratio is what to read (issue #17).
     python bench/ab_compare.py /tmp/before . [--client http|grpc|raw] [--concurrency 64] [--rounds 3]
                                [--model mlp|convnet] [--config node.yaml] [--pa-args '--shared-memory system']
     python bench/ab_compare.py /tmp/before . --repository my_repo --model my_model   # a model of your own
+    python bench/ab_compare.py /tmp/before . --concurrency 8 --beside tiny:8   # another model loaded meanwhile
 
 A checkout given as `DIR@node.yaml` runs with that config instead of --config: one checkout against itself under
 two configs (`. .@workers2.yaml`).
 
 Each round starts each checkout's server (`python -m gt_serve` with that checkout first on PYTHONPATH) on free
 loopback ports, runs one point, reads the server's inference count and /proc CPU, and stops it; every other round
-runs the checkouts in reverse order, so that neither always goes first. Prints one JSON line per run, then the mean
+runs the checkouts in reverse order, so that neither always goes first. With `--beside MODEL:N`, a second
+perf_analyzer drives another model of the same server at N clients during each point (one model's work taking the
+loop from the other's): its inf/s, p50 and p99 are reported beside the first model's, and the server's CPU is per
+inference of both. Prints one JSON line per run, then the mean
 per checkout, each one's ratio to the first, and in how many rounds it beat the first (an A/B of one checkout
 against itself read 0.97x here: a ratio that most rounds do not agree with is noise).
 """
@@ -27,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -80,7 +85,8 @@ def point(text: str, a: argparse.Namespace, repo: Path, pa: str | None) -> dict:
     proc, http, grpc = start(root, repo, config)
     try:
         def count() -> int:
-            stats = _get(f"http://127.0.0.1:{http}/v2/models/{a.model}/stats")["model_stats"]
+            models = [a.model] + ([beside_load(a.beside)[0]] if a.beside else [])
+            stats = [s for m in models for s in _get(f"http://127.0.0.1:{http}/v2/models/{m}/stats")["model_stats"]]
             return sum(int(s["inference_count"]) for s in stats)
 
         n0, cpu0, loop0 = count(), tree_cpu_s(proc.pid), loops_times_s(proc.pid)
@@ -97,14 +103,31 @@ def point(text: str, a: argparse.Namespace, repo: Path, pa: str | None) -> dict:
         proc.wait(15)
 
 
+def beside_load(text: str) -> tuple[str, int]:
+    """`--beside MODEL:N`: the other model and its clients."""
+    model, colon, clients = text.rpartition(":")
+    if not (model and colon and clients.isdigit() and int(clients) > 0):
+        raise ValueError(f"--beside {text!r}: expected MODEL:CLIENTS, e.g. tiny:8")
+    return model, int(clients)
+
+
 def drive(a: argparse.Namespace, pa: str | None, http: int, grpc: int) -> dict:
-    """One load point: perf_analyzer (3 trials; its inf/s and client-side p50, as perf_sweep reads them) or the
-    lean raw-HTTP client (what it prints)."""
+    """One load point: perf_analyzer (3 trials; its inf/s and client-side p50, as perf_sweep reads them), with
+    `--beside`'s perf_analyzer on the other model at the same time, or the lean raw-HTTP client (what it prints)."""
     if a.client != "raw":
-        port = http if a.client == "http" else grpc
-        return perf_sweep.perf_analyzer_point(pa, f"127.0.0.1:{port}", a.client, a.model, a.concurrency,
-                                              int(a.duration * 1000), Path(tempfile.mkdtemp(prefix="gt-ab-pa-")),
-                                              trials=3, extra=a.pa_args.split())
+        url = f"127.0.0.1:{http if a.client == 'http' else grpc}"
+
+        def measure(model: str, clients: int) -> dict:
+            return perf_sweep.perf_analyzer_point(pa, url, a.client, model, clients, int(a.duration * 1000),
+                                                  Path(tempfile.mkdtemp(prefix="gt-ab-pa-")), trials=3,
+                                                  extra=a.pa_args.split())
+        if not a.beside:
+            return measure(a.model, a.concurrency)
+        model, clients = beside_load(a.beside)
+        with ThreadPoolExecutor(1) as pool:
+            other = pool.submit(measure, model, clients)
+            measured = measure(a.model, a.concurrency)
+            return {**measured, "beside": {"model": model, "concurrency": clients, **other.result()}}
     cmd = [sys.executable, str(HERE / "rawload.py"), "--url", f"127.0.0.1:{http}", "--model", a.model,
            "--concurrency", str(a.concurrency), "--duration", str(a.duration)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 10 * a.duration)
@@ -124,14 +147,24 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=2.5, help="seconds per measurement window")
     p.add_argument("--config", help="node YAML for every server")
     p.add_argument("--pa-args", default="", help="more perf_analyzer arguments, e.g. '--shared-memory system'")
+    p.add_argument("--beside", help="MODEL:N: another model of the repository driven by N perf_analyzer clients "
+                   "meanwhile (perf_analyzer clients only)")
     a = p.parse_args()
+    if a.beside:
+        try:
+            beside_load(a.beside)
+        except ValueError as exc:
+            p.error(str(exc))
+        if a.client == "raw":
+            p.error("--beside needs a perf_analyzer client (http or grpc)")
+    models = [a.model] + ([beside_load(a.beside)[0]] if a.beside else [])
     pa = perf_sweep.perf_analyzer_path(None) if a.client != "raw" else None
     if a.repository:
         repo = Path(a.repository).resolve()
-    elif a.model in perf_sweep.MODELS:
-        repo = perf_sweep.build_repo(Path(tempfile.mkdtemp(prefix="gt-ab-")) / "repo", [a.model], triton=False)
+    elif all(m in perf_sweep.MODELS for m in models):
+        repo = perf_sweep.build_repo(Path(tempfile.mkdtemp(prefix="gt-ab-")) / "repo", models, triton=False)
     else:
-        p.error(f"--model {a.model}: not one of the sweep's models; give its --repository")
+        p.error(f"{', '.join(models)}: not all of the sweep's models; give their --repository")
     results: dict[str, list[dict]] = {r: [] for r in a.roots}
     for i in range(a.rounds):
         for root in round_order(a.roots, i):
@@ -174,7 +207,21 @@ def summary(results: dict[str, list[dict]]) -> list[str]:
             wins = sum(r["server_cpu_ms_per_inference"] < f["server_cpu_ms_per_inference"] for f, r in pairs)
             line += f"; less server CPU than the first in {wins} of {len(pairs)} rounds"
         lines.append(line)
+        if any("beside" in r for r in runs):
+            lines.append(_beside_line(runs, ref_runs))
     return lines
+
+
+def _beside_line(runs: list[dict], ref_runs: list[dict]) -> str:
+    """`--beside`'s model under the checkout: its means (inf/s, p50, p99) and their ratios to the first checkout's."""
+    def means(of: list[dict]) -> tuple[float, float, float]:
+        done = [r["beside"] for r in of if "inferences_per_s" in r.get("beside", {})]
+        return tuple(_mean([b[k] for b in done]) for k in ("inferences_per_s", "p50_ms", "p99_ms"))
+    mine, ref = means(runs), means(ref_runs)
+    model = next(r["beside"]["model"] for r in runs if "beside" in r)
+    ratios = [f" ({v / r:.2f}x)" if r else "" for v, r in zip(mine, ref)]
+    return (f"  beside it, {model}: {mine[0]:.0f} inf/s{ratios[0]}, p50 {mine[1]:.3f} ms{ratios[1]}, "
+            f"p99 {mine[2]:.3f} ms{ratios[2]}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -46,3 +48,26 @@ def test_summary_of_the_lean_client_leaves_out_what_it_did_not_measure():
 def test_a_checkout_may_name_its_own_config():
     assert ab_compare.split_root("/tmp/x@w2.yaml", "all.yaml") == (Path("/tmp/x"), "w2.yaml")
     assert ab_compare.split_root("/tmp/x", "all.yaml") == (Path("/tmp/x"), "all.yaml")
+
+
+def test_a_model_loaded_beside_is_summed_up_under_each_checkout():
+    """`--beside MODEL:N`: the other model's inf/s, p50 and p99 under each checkout, against the first's; a round in
+    which its perf_analyzer failed does not count."""
+    def with_beside(infs, p50, p99):
+        return dict(run(0.2, 0.1, 1.0, 1000), beside={"model": "tiny", "concurrency": 8, "inferences_per_s": infs,
+                                                      "p50_ms": p50, "p99_ms": p99})
+    failed = dict(run(0.2, 0.1, 1.0, 1000), beside={"model": "tiny", "concurrency": 8, "error": "exited 1"})
+    results = {"old": [with_beside(4000, 2.0, 4.0), with_beside(6000, 2.0, 4.0)],
+               "new": [with_beside(5500, 1.5, 5.0), failed]}
+    lines = ab_compare.summary(results)
+    assert len(lines) == 4
+    assert lines[1] == "  beside it, tiny: 5000 inf/s (1.00x), p50 2.000 ms (1.00x), p99 4.000 ms (1.00x)"
+    assert lines[3] == "  beside it, tiny: 5500 inf/s (1.10x), p50 1.500 ms (0.75x), p99 5.000 ms (1.25x)"
+
+
+def test_the_beside_load_is_a_model_and_its_clients():
+    assert ab_compare.beside_load("tiny:8") == ("tiny", 8)
+    assert ab_compare.beside_load("my:model:4") == ("my:model", 4)
+    for bad in ("tiny", "tiny:", ":8", "tiny:0", "tiny:x"):
+        with pytest.raises(ValueError, match="expected MODEL:CLIENTS"):
+            ab_compare.beside_load(bad)
