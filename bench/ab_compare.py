@@ -17,9 +17,9 @@ loopback ports, runs one point, reads the server's inference count and /proc CPU
 runs the checkouts in reverse order, so that neither always goes first. With `--beside MODEL:N`, a second
 perf_analyzer drives another model of the same server at N clients during each point (one model's work taking the
 loop from the other's): its inf/s, p50 and p99 are reported beside the first model's, and the server's CPU is per
-inference of both. Prints one JSON line per run, then the mean
-per checkout, each one's ratio to the first, and in how many rounds it beat the first (an A/B of one checkout
-against itself read 0.97x here: a ratio that most rounds do not agree with is noise).
+inference of both. Prints one JSON line per run, then the mean per checkout, each one's ratio to the first, and in
+how many rounds it beat the first (an A/B of one checkout against itself read 0.97x here: a ratio that most rounds
+do not agree with is noise).
 """
 from __future__ import annotations
 
