@@ -49,6 +49,7 @@ _LONG_RUN_DELAYS = 8
 _EXPECT_REQUESTS = 16
 _ROUND_SHAPES = 64  # (row shape, rows) run times kept for `_runs_round`
 _GAP_CAP_NS = 1_000_000  # `run_now`: the time between two requests counts up to this (a long idle, then a burst)
+BATCH_WAYS = ("at_once", "loop", "lane", "launched")  # where batches ran (`ran`: the gt_batch_runs metric)
 
 # job_factory(runner, batch, spec, lane) -> the zero-argument job the lane runs (execution.job_factory.JobFactory)
 JobFactory = Callable[[Any, Batch, Any, Any], Callable[[], Any]]
@@ -87,7 +88,7 @@ class ModelExecutor:
         self.lanes = tuple(runners)  # the lanes this model may run on, each with its runner
         self.weight = weight
         self.in_flight = 0  # batches handed to a lane and not yet back
-        self.lone_runs = 0  # requests run at once by `run_now`
+        self.ran = dict.fromkeys(BATCH_WAYS, 0)  # batches by where they ran
         self._runners = dict(runners)
         self._job_factory = job_factory
         self._completion = completion
@@ -123,37 +124,42 @@ class ModelExecutor:
         batch = self.batcher.take(entries)
         self.in_flight += 1
         job = self._job_factory(self._runners[lane], batch, self._spec, lane)
-        # a tiny model's batch (handing it to another thread would cost more than running it), or every client's
-        if (self._tiny and not lane.on_gpu) or self._runs_round(batch, lane):
+        way = self._way(batch, lane, job)
+        self.ran[way] += 1
+        if way == "loop":
             batch.inline = True
             lane.run_here(job, self._complete, batch)
-            return
+        elif way == "launched":
+            batch.launch = True
+            lane.launch(job, self._complete, batch)
+        else:
+            lane.submit(job, self._complete, batch)
+
+    def _way(self, batch: Batch, lane: Any, job: Any) -> str:
+        """Where `batch` runs (BATCH_WAYS): on the loop, a tiny model's batch (handing it to another thread would cost
+        more than running it), a batch of every client (`_runs_round`) or a small one (`_inline`); launched, a
+        request of a model that does not batch (`_launches_alone`) or a batch LaunchChoice launches (one that fits
+        it and is not launched is marked for its timing); else on the lane's thread."""
+        if (self._tiny and not lane.on_gpu) or self._runs_round(batch, lane):
+            return "loop"
         launch = self._launch
         launchable = launch is not None and not lane.on_gpu and getattr(job, "launchable", False)
         if launchable and self._launches_alone(batch):
-            batch.launch = True
-            lane.launch(job, self._complete, batch)
-            return
+            return "launched"
         fits = launchable and launch.fits(batch)
         if self._inline_max_ns and self._inline(batch, lane, fits and launch.launching):
-            batch.inline = True
-            lane.run_here(job, self._complete, batch)
-            return
+            return "loop"
         if fits:
             batch.launch = launch.launching
-            if batch.launch:
-                lane.launch(job, self._complete, batch)
-                return
-        lane.submit(job, self._complete, batch)
+        return "launched" if batch.launch else "lane"
 
     @property
     def launches_more(self) -> bool:
         """Whether a lane busy with launched runs only (`Lane.spare`) may take one more of this model's batches, if
         it is full (`full`): the model's batches are launched (one request each, for a model that does not batch).
         A second batch queued in onnxruntime's pool starts as soon as the first is computed: for a model whose
-        batches are capped small this pays (mlp without config.pbtxt, 4 rows, at 64 HTTP clients: 1.13x the inf/s at
-        0.97x the CPU); a batch that is not full would have been taken smaller than the next one (mlp at 64
-        clients, any second batch: 0.92x)."""
+        batches are capped small this pays (mlp without config.pbtxt, 4 rows, at 64 HTTP clients: 1.13x the inf/s);
+        a batch that is not full would have been taken smaller than the next one (any second batch: 0.92x)."""
         launch = self._launch
         return launch is not None and (self.batcher.cfg.max_batch_size <= 0 or launch.launching)
 
@@ -194,7 +200,7 @@ class ModelExecutor:
             return None
         batch = Batch([Entry(feeds, 1, shape_key, None, None)], 1)
         batch.inline = True
-        self.lone_runs += 1
+        self.ran["at_once"] += 1
         result, exc, elapsed_ns = lane.run_now(self._job_factory(self._runners[lane], batch, self._spec, lane))
         try:
             return self._completion.lone(lane, result, exc)
@@ -203,10 +209,8 @@ class ModelExecutor:
 
     def _lone_books(self, batch: Batch, lane: Any, result: Any, exc: BaseException | None, elapsed_ns: int,
                     done_ns: int) -> None:
-        """`run_now`'s run charged once the caller has written its answer: the shape's run time, the fair share (and
-        a pump, nothing of this model being queued), statistics and energy. Charged before the write, they held the
-        answer back: one mlp client over HTTP / gRPC got its answers at 0.94x / 0.94x the p50 this way, at the same
-        CPU (issue #17, thirty-second pass)."""
+        """`run_now`'s run charged once the caller has written its answer (before the write, these books held it
+        back: 0.94x one mlp client's p50 this way): its run time, the fair share, statistics and energy."""
         self._note_run(batch, elapsed_ns)
         self._scheduler.finished(self, elapsed_ns)
         self._completion.lone_books(batch, lane, result, exc, done_ns)
@@ -293,16 +297,14 @@ class ModelExecutor:
         """Before the next batch is formed: whether it waits for the clients of this one's requests. While these and
         the queued ones together make a small batch (INLINE_ROWS requests): a few closed-loop clients then send their
         next requests together, a little apart, and a batch of all of them costs less than a lone row run ahead of
-        the rest (mlp over gRPC: 0.87x the server CPU at 2 clients, 0.92x at 4, 0.91x at 8; HTTP 4 0.96x). While they
-        make up to `_EXPECT_REQUESTS` (and fit one batch) and fewer are queued than were answered: the other clients'
-        requests did not all come back while the lane computed, so the lane would be idle part of the time anyway,
-        and batches alternating in halves cost more than one batch of all (mlp: 1.13x the inf/s at 0.79x the CPU at 8
-        HTTP clients, 1.08x at 0.77x at 16 gRPC clients). Or when the batch's run took `_LONG_RUN_DELAYS` queue
-        delays or more: a compute-bound model's larger batch saves more than the lane's wait costs (convnet: 8 rows
-        run in 0.67x the time of two batches of 4; 0.85x the CPU at 8 HTTP clients, 0.91x at 16 gRPC clients).
-        Otherwise many clients keep the lane busy: theirs come back while it computes, and waiting for them would
-        leave it idle (expecting every batch's clients back: 1.28x the CPU at 64 gRPC clients, mlp; up to 64 rows
-        with max_batch_size 64, 0.91x the inf/s at 64 HTTP clients). Returns whether it expects them."""
+        the rest (mlp over gRPC: 0.91x the server CPU at 8 clients). While they make up to `_EXPECT_REQUESTS` (and fit
+        one batch) and fewer are queued than were answered: the other clients' requests did not all come back while
+        the lane computed, so it would idle part of the time anyway, and batches alternating in halves cost more than
+        one of all (mlp: 1.13x the inf/s at 0.79x the CPU at 8 HTTP clients). Or when the run took `_LONG_RUN_DELAYS`
+        queue delays or more: a compute-bound model's larger batch saves more than the lane's wait costs (convnet:
+        0.85x the CPU at 8 HTTP clients). Otherwise many clients keep the lane busy: theirs come back while it
+        computes, and waiting would leave it idle (every batch's clients expected: 1.28x the CPU at 64 gRPC mlp
+        clients). Returns whether it expects them (docs/DESIGN-NOTES.md: twentieth, thirty-first passes)."""
         requests = len(batch.entries)
         batcher = self.batcher
         window_ns = batcher.return_window_ns

@@ -64,13 +64,19 @@ class ServerCollector:
 
         batches = CounterMetricFamily("gt_batch_executions", "Model executions by batch size",
                                       labels=["model", "version", "batch_size"])
+        ways = CounterMetricFamily("gt_batch_runs", "A model's batches by where they ran: at_once (a lone request run "
+                                   "as it was read), loop (the event loop's thread), lane (the lane's thread), "
+                                   "launched (onnxruntime's pool)", labels=["model", "version", "way"])
         queue = GaugeMetricFamily("gt_queue_depth", "Requests waiting in the model's queue", labels=labels)
         for m in models:
             for size, b in sorted(m.stats.batches.items()):
                 batches.add_metric([m.name, m.version, str(size)], b.compute_infer.count)
             ex = m.executor
+            for way, count in getattr(ex, "ran", {}).items():
+                ways.add_metric([m.name, m.version, way], count)
             queue.add_metric([m.name, m.version], getattr(ex, "pending", 0))
         yield batches
+        yield ways
         yield queue
         pending = GaugeMetricFamily("nv_inference_pending_request_count",
                                     "Requests queued for the model and not yet running (Triton's name)", labels=labels)

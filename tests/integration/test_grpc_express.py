@@ -149,7 +149,7 @@ async def test_calls_and_stream_messages_that_come_one_at_a_time_run_at_once(rep
             assert await call(fast_infer, gather(index)) == await call(full_infer, gather(index))
         executor = fast.dataplane.express_model("gather").executor
         executor._gap_ns = 10**12  # how far apart requests come is timing, covered by the unit tests
-        before = executor.lone_runs
+        before = executor.ran["at_once"]
         for index in (4, 100, 5):  # 100: out of range, the run fails
             got, want = await call(fast_infer, gather(index)), await call(full_infer, gather(index))
             assert got == want and got[0] == (grpc.StatusCode.INTERNAL if index == 100 else grpc.StatusCode.OK)
@@ -165,8 +165,8 @@ async def test_calls_and_stream_messages_that_come_one_at_a_time_run_at_once(rep
             assert await stream.code() == grpc.StatusCode.OK
             await channel.close()
         assert answers[fast] == answers[full]
-        assert executor.lone_runs == before + 6
-        assert full.dataplane.express_model("gather").executor.lone_runs == 0
+        assert executor.ran["at_once"] == before + 6
+        assert full.dataplane.express_model("gather").executor.ran["at_once"] == 0
         got, want = await stats(fast, "gather"), await stats(full, "gather")
         assert_same_counts(got, want)
         assert got["inference_stats"]["fail"]["count"] == 1 and got["inference_stats"]["success"]["count"] == 8
@@ -190,11 +190,11 @@ async def test_a_message_run_at_once_is_answered_before_serve_returns(repo):
             assert len(replies) == 1 and b"".join(replies[0]) == want[3]
             if at_once:  # an answer that fails is logged, as from a done callback: the request is not run again
                 executor = app.dataplane.express_model("gather").executor
-                before = executor.lone_runs
+                before = executor.ran["at_once"]
 
                 def broken(pieces) -> None:
                     raise RuntimeError("the connection's answer failed")
-                assert express.serve(gather(3), False, broken) is not None and executor.lone_runs == before + 1
+                assert express.serve(gather(3), False, broken) is not None and executor.ran["at_once"] == before + 1
 
 
 @pytest.mark.asyncio

@@ -261,13 +261,13 @@ async def test_requests_that_come_one_at_a_time_run_at_once_as_the_queue_would_r
             await both(index)
         # how far apart requests come is timing, covered by the unit tests: here they count as a millisecond apart
         executor._gap_ns = 10**12
-        before = executor.lone_runs
+        before = executor.ran["at_once"]
         for index in (4, 5, 100, 6, 7, 8):  # 100: out of range, the run fails
             await both(index)
-        assert executor.lone_runs == before + 6
+        assert executor.ran["at_once"] == before + 6
         # the sixth request on bound (test_http_bound.py), run at once and answered in its turn; not the failed one
         assert fast.http._express.bound_served == 4 and fast.http._express.joined == 3
-        assert full.registry.get("gather", "").executor.lone_runs == 0
+        assert full.registry.get("gather", "").executor.ran["at_once"] == 0
         for c in conns:
             await c.close()
         got, want = await stats(fast, "gather"), await stats(full, "gather")

@@ -150,6 +150,14 @@ def test_batch_size_histogram_counts_every_execution(server, traffic):
     assert per_size == {"1": 3.0, "2": 1.0, "3": 1.0}
 
 
+def test_batch_runs_say_where_every_execution_ran(server, traffic):
+    """gt_batch_runs: each of a model's executions counted once, under the way it ran."""
+    _, samples, types = scrape(server)
+    ways = {dict(k)["way"]: v for k, v in samples["gt_batch_runs"].items() if dict(k)["model"] == "simple"}
+    assert set(ways) == {"at_once", "loop", "lane", "launched"} and types["gt_batch_runs"] == "counter"
+    assert sum(ways.values()) == traffic["executions"] == model_value(samples, "nv_inference_exec_count", "simple")
+
+
 def test_lane_and_queue_metrics(server, traffic):
     _, samples, types = scrape(server)
     lanes = {dict(k)["lane"]: v for k, v in samples["gt_lane_batches"].items()}
