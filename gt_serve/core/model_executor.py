@@ -276,7 +276,7 @@ class ModelExecutor:
         if self._inline_max_ns and rows <= INLINE_ROWS and not batch.launch:
             self._note_run(batch, elapsed_ns, cpu_ns)
         if self._inline_max_ns and 1 < rows <= _EXPECT_REQUESTS and exc is None:
-            self._note_round(batch, elapsed_ns)
+            _average(self._round_ns, (batch.entries[0].shape_key, rows), elapsed_ns, _ROUND_SHAPES)
         if batch.launch is not None and exc is None:
             self._launch.ran(batch, batch.launch, elapsed_ns)
         expect = self._answered(batch, elapsed_ns)
@@ -318,14 +318,6 @@ class ModelExecutor:
             batcher.answered(0, _now_ns())
         return expect
 
-    def _note_round(self, batch: Batch, elapsed_ns: int) -> None:
-        """`_round_ns`: a quarter of the way from the average to this run's time."""
-        key = (batch.entries[0].shape_key, batch.size)
-        known = self._round_ns.get(key)
-        if known is None and len(self._round_ns) >= _ROUND_SHAPES:
-            self._round_ns.clear()
-        self._round_ns[key] = elapsed_ns if known is None else known + (elapsed_ns - known) // 4
-
     def _answers_out(self, turns: int) -> None:
         """The window for the answered clients opens once their answers are written: the futures' callbacks write
         them in the loop's next turn, and gRPC's connections flush what they queued in the turn after."""
@@ -348,13 +340,7 @@ class ModelExecutor:
         rows = batch.size
         shape = batch.entries[0].shape_key  # a long sequence must not inherit a short one's run time
         times, key = (self._lone_ns, shape) if rows == 1 else (self._rows_ns, (shape, rows))
-        seen = times.get(key)
-        if seen is None:
-            if len(times) >= _LONE_SHAPES:
-                times.clear()
-            times[key] = took_ns
-        elif batch.inline or took_ns < seen:
-            times[key] = seen + (took_ns - seen) // 4
+        _average(times, key, took_ns, _LONE_SHAPES, lower_only=not batch.inline)
 
     # -- unload ---------------------------------------------------------------------------------
     async def close(self, drain_timeout_s: float) -> None:
@@ -388,6 +374,18 @@ class ModelExecutor:
         self._released = True
         for runner in self.runners:
             runner.close()
+
+
+def _average(times: dict, key: tuple, ns: int, most: int, lower_only: bool = False) -> None:
+    """`times[key]` a quarter of the way to `ns` (with `lower_only`, only toward a lower `ns`); a new key starts at
+    `ns`, in a dict cleared first when it holds `most` keys (shapes of dynamic dimensions are many)."""
+    seen = times.get(key)
+    if seen is None:
+        if len(times) >= most:
+            times.clear()
+        times[key] = ns
+    elif not lower_only or ns < seen:
+        times[key] = seen + (ns - seen) // 4
 
 
 def _note_traces(batch: Batch, lane: Any) -> None:
