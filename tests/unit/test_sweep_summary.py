@@ -109,3 +109,18 @@ def test_a_model_raw_onnxruntime_was_not_run_for_keeps_its_points_without_raw_ra
     lines = [{"sweep": "perf_repo", "run": 0}, point("gt_serve", 8000, 0.1)]
     ours = ss.runs_from_jsonl(lines)[0][("gt_serve", "mlp", "http", 64)]
     assert ours["inferences_per_s"] == 8000 and math.isnan(ours["cpu_per_raw"]) and math.isnan(ours["infs_per_raw"])
+
+
+def test_reach_is_the_ratio_to_triton_were_the_machine_never_idle_and_bounds_the_2x_target():
+    runs = [ss.run_figures([point("triton", 4000, 0.4), point("gt_serve", infs, 0.1, machine_idle=idle)],
+                           {"mlp": RAW})
+            for infs, idle in ((6000, 0.25), (7000, 0.0), (6400, 0.2))]
+    assert [run[("gt_serve", "mlp", "http", 64)]["reach_per_triton"] for run in runs] == [2.0, 1.75, 2.0]
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in ss.targets_table(runs, ("http",)).splitlines()}
+    row = next(v for k, v in rows.items() if k.startswith("mlp, 64 clients: inf/s against Triton-py's were"))
+    assert "2.00 [1.75-2.00]: room for 2.00 in 2 of 3 runs" in row
+    no_idle = ss.run_figures([point("triton", 4000, 0.4), point("gt_serve", 6000, 0.1)], {"mlp": RAW})
+    no_triton = ss.run_figures([point("gt_serve", 6000, 0.1, machine_idle=0.1)], {"mlp": RAW})
+    for run in (no_idle, no_triton):
+        assert math.isnan(run[("gt_serve", "mlp", "http", 64)]["reach_per_triton"])
+        assert "never idle" not in ss.targets_table([run], ("http",))
