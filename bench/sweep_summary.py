@@ -140,7 +140,7 @@ def targets_table(runs: list[dict[tuple, dict]], protocols: tuple[str, ...] = ("
     """Issue #17's targets against gt-serve's points in `runs` (run_figures' of each run), as a Markdown table: per
     protocol the median [lowest-highest] over the runs and whether each run met the target; and whether throughput
     rose (or held) from 16 to 64 clients in every run. A target whose points no run measured is left out. Below the
-    targets, the bounds of two (`_ceiling_rows`): mlp's reach at 64 clients, convnet's ceiling."""
+    targets, the bounds of two (`_bound_rows`): mlp's reach at 64 clients, convnet's ceiling."""
     rows = ["| target | " + " | ".join(p.upper() if p == "http" else "gRPC" for p in protocols) + " |",
             "|---|" + "---|" * len(protocols)]
     for what, model, clients, figure, bound, at_most in TARGETS:
@@ -154,7 +154,7 @@ def targets_table(runs: list[dict[tuple, dict]], protocols: tuple[str, ...] = ("
             cells.append(f"{_spread(values, _FORMATS[figure])}: {_verdict(values, bound, at_most)}")
         if any(c != "-" for c in cells):
             rows.append(f"| {model}, {what} | " + " | ".join(cells) + " |")
-    rows += _ceiling_rows(runs, protocols)
+    rows += _bound_rows(runs, protocols)
     cells = []
     for protocol in protocols:
         at16, at64 = ("gt_serve", "mlp", protocol, 16), ("gt_serve", "mlp", protocol, 64)
@@ -173,7 +173,7 @@ BOUNDS = (("mlp, 64 clients: inf/s against Triton-py's were the machine never id
            "raw's best batch)", "convnet", "ceiling", CONVNET_SHARE))
 
 
-def _ceiling_rows(runs: list[dict[tuple, dict]], protocols: tuple[str, ...]) -> list[str]:
+def _bound_rows(runs: list[dict[tuple, dict]], protocols: tuple[str, ...]) -> list[str]:
     """Each BOUNDS row in each run: the bound (`reach`, `ceiling`), and whether it left room for its target at all;
     no row where no run measured what it needs (the machine's idle share and Triton; the client's CPU)."""
     rows = []
