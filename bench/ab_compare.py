@@ -85,8 +85,7 @@ def point(text: str, a: argparse.Namespace, repo: Path, pa: str | None) -> dict:
     proc, http, grpc = start(root, repo, config)
     try:
         def count() -> int:
-            models = [a.model] + ([beside_load(a.beside)[0]] if a.beside else [])
-            stats = [s for m in models for s in _get(f"http://127.0.0.1:{http}/v2/models/{m}/stats")["model_stats"]]
+            stats = [s for m in a.models for s in _get(f"http://127.0.0.1:{http}/v2/models/{m}/stats")["model_stats"]]
             return sum(int(s["inference_count"]) for s in stats)
 
         n0, cpu0, loop0 = count(), tree_cpu_s(proc.pid), loops_times_s(proc.pid)
@@ -123,7 +122,7 @@ def drive(a: argparse.Namespace, pa: str | None, http: int, grpc: int) -> dict:
                                                   extra=a.pa_args.split())
         if not a.beside:
             return measure(a.model, a.concurrency)
-        model, clients = beside_load(a.beside)
+        model, clients = a.beside
         with ThreadPoolExecutor(1) as pool:
             other = pool.submit(measure, model, clients)
             measured = measure(a.model, a.concurrency)
@@ -152,12 +151,12 @@ def main() -> None:
     a = p.parse_args()
     if a.beside:
         try:
-            beside_load(a.beside)
+            a.beside = beside_load(a.beside)  # parsed once: (model, clients) from here on
         except ValueError as exc:
             p.error(str(exc))
         if a.client == "raw":
             p.error("--beside needs a perf_analyzer client (http or grpc)")
-    models = [a.model] + ([beside_load(a.beside)[0]] if a.beside else [])
+    models = a.models = [a.model] + ([a.beside[0]] if a.beside else [])  # the models whose inferences count
     pa = perf_sweep.perf_analyzer_path(None) if a.client != "raw" else None
     if a.repository:
         repo = Path(a.repository).resolve()
