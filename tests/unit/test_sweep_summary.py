@@ -13,6 +13,8 @@ sys.path.insert(0, str(BENCH))
 
 import sweep_summary as ss  # noqa: E402
 
+NAN = float("nan")
+
 
 def point(server, infs, cpu, conc=64, **extra):
     return {"server": server, "model": "mlp", "protocol": "http", "concurrency": conc, "inferences_per_s": infs,
@@ -127,3 +129,18 @@ def test_reach_is_the_ratio_to_triton_were_the_machine_never_idle_and_bounds_the
     for run in (no_idle, no_triton):
         assert math.isnan(run[("gt_serve", "mlp", "http", 64)]["reach_per_triton"])
         assert "never idle" not in ss.targets_table([run], ("http",))
+
+
+def test_the_run_floor_is_raw_paced_against_back_to_back_at_one_client_and_bounds_the_cpu_target():
+    paced = [ss.run_figures([point("gt_serve", 2500, 0.4, conc=1), point("gt_serve", 8000, 0.1)],
+                            {"mlp": dict(RAW, paced_cpu_ms=cpu)})
+             for cpu in (0.36, 0.35, 0.4)]
+    assert [run[("gt_serve", "mlp", "http", 1)]["run_floor"] for run in paced] == pytest.approx([1.44, 1.4, 1.6])
+    assert math.isnan(paced[0][("gt_serve", "mlp", "http", 64)]["run_floor"])  # a one-client figure
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in ss.targets_table(paced, ("http",)).splitlines()}
+    row = next(v for k, v in rows.items() if k.startswith("mlp, one client: raw onnxruntime's own batch-1 run paced"))
+    assert "1.44 [1.40-1.60]: room for 1.50 in 2 of 3 runs, 0.06 of it left" in row
+    slow = ss.targets_table([_run(0.3, 0.09, 7000, 8000)], ("http",))  # RAW: paced 0.5 ms against 0.25
+    assert "2.00: room for 1.50 in no run |" in slow
+    no_paced = ss.run_figures([point("gt_serve", 2500, 0.4, conc=1)], {"mlp": dict(RAW, paced_cpu_ms=NAN)})
+    assert "paced 0.5 ms apart" not in ss.targets_table([no_paced], ("http",))
