@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import Callable
 
 NAN = float("nan")
 # the figures summarised per point: (key, column title, format)
@@ -156,16 +157,8 @@ def targets_table(runs: list[dict[tuple, dict]], protocols: tuple[str, ...] = ("
     rows = ["| target | " + " | ".join(p.upper() if p == "http" else "gRPC" for p in protocols) + " |",
             "|---|" + "---|" * len(protocols)]
     for what, model, clients, figure, bound, at_most in TARGETS:
-        cells = []
-        for protocol in protocols:
-            key = ("gt_serve", model, protocol, clients)
-            values = _measured(runs, key, figure)
-            if not values:
-                cells.append("-")
-                continue
-            cells.append(f"{_spread(values, _FORMATS[figure])}: {_verdict(values, bound, at_most)}")
-        if any(c != "-" for c in cells):
-            rows.append(f"| {model}, {what} | " + " | ".join(cells) + " |")
+        rows += _row(f"{model}, {what}", runs, protocols, (model, clients, figure),
+                     lambda values: f"{_spread(values, _FORMATS[figure])}: {_verdict(values, bound, at_most)}")
     rows += _bound_rows(runs, protocols)
     cells = []
     for protocol in protocols:
@@ -194,19 +187,29 @@ def _bound_rows(runs: list[dict[tuple, dict]], protocols: tuple[str, ...]) -> li
     measured what it needs (raw onnxruntime paced; the machine's idle share and Triton; the client's CPU)."""
     rows = []
     for what, model, clients, figure, target, at_most in BOUNDS:
-        cells = []
-        for protocol in protocols:
-            values = _measured(runs, ("gt_serve", model, protocol, clients), figure)
-            if not values:
-                cells.append("-")
-                continue
-            room = _verdict(values, target, at_most).replace("met in", "in")
-            margin = target - statistics.median(values)
-            left = f", {margin:.2f} of it left" if at_most and margin > 0 else ""
-            cells.append(f"{_spread(values, '{:.2f}')}: room for {target:.2f} {room}{left}")
-        if any(c != "-" for c in cells):
-            rows.append(f"| {what} | " + " | ".join(cells) + " |")
+        rows += _row(what, runs, protocols, (model, clients, figure), lambda values: _room(values, target, at_most))
     return rows
+
+
+def _room(values: list[float], target: float, at_most: bool) -> str:
+    """A bound's cell: its spread, in how many runs it left room for `target`, and for a floor (`at_most`) how much
+    of the target its median leaves."""
+    room = _verdict(values, target, at_most).replace("met in", "in")
+    margin = target - statistics.median(values)
+    left = f", {margin:.2f} of it left" if at_most and margin > 0 else ""
+    return f"{_spread(values, '{:.2f}')}: room for {target:.2f} {room}{left}"
+
+
+def _row(what: str, runs: list[dict[tuple, dict]], protocols: tuple[str, ...], point: tuple[str, int, str],
+         cell: Callable[[list[float]], str]) -> list[str]:
+    """The table row `what`: per protocol, `cell` of the values of gt-serve's (model, clients, figure) `point` in the
+    runs that measured it, "-" where none did; no row where no protocol's was measured."""
+    model, clients, figure = point
+    cells = []
+    for protocol in protocols:
+        values = _measured(runs, ("gt_serve", model, protocol, clients), figure)
+        cells.append(cell(values) if values else "-")
+    return [f"| {what} | " + " | ".join(cells) + " |"] if any(c != "-" for c in cells) else []
 
 
 def raw_at_start(batch1: list[dict], paced: dict, best: dict) -> dict:
