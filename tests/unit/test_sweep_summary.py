@@ -86,6 +86,23 @@ def test_the_ceiling_a_client_sets_is_taken_within_the_run_and_bounds_the_convne
     assert "the most any server" not in ss.targets_table([no_client], ("http",))
 
 
+def test_the_runs_ceiling_takes_the_runs_at_what_they_cost_in_the_server_and_bounds_the_convnet_target():
+    raw = dict(RAW, best_inferences_per_s=1000.0, best_cpu_ms=0.9)
+    # server CPU 1.1 a request of which the event loop 0.1 (the runs' threads 1.0), the client 0.1 -> 0.9 / 1.1
+    runs = [ss.run_figures([dict(point("gt_serve", 700, 1.1, client_cpu_ms_per_inference=0.1,
+                                       main_thread_cpu_ms_per_inference=loop), model="convnet")], {"convnet": raw})
+            for loop in (0.1, 0.3, 0.4)]
+    assert [round(run[("gt_serve", "convnet", "http", 64)]["runs_ceiling"], 3) for run in runs] == [0.818, 1.0, 1.125]
+    assert [run[("gt_serve", "convnet", "http", 64)]["ceiling"] for run in runs] == [0.9] * 3  # raw's run alone
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in ss.targets_table(runs, ("http",)).splitlines()}
+    row = next(v for k, v in rows.items() if k.startswith("convnet, 64 clients: the same, with the model's runs"))
+    assert "1.00 [0.82-1.12]: room for 0.90 in 2 of 3 runs" in row
+    no_loop = ss.run_figures([dict(point("gt_serve", 700, 1.1, client_cpu_ms_per_inference=0.1), model="convnet")],
+                             {"convnet": raw})  # the event loop's CPU not measured (Triton's points): no figure, no row
+    assert math.isnan(no_loop[("gt_serve", "convnet", "http", 64)]["runs_ceiling"])
+    assert "the model's runs" not in ss.targets_table([no_loop], ("http",))
+
+
 def test_targets_table_leaves_out_what_no_run_measured():
     table = ss.targets_table([_run(0.3, 0.09, 7000, 8000)], ("http", "grpc"))
     assert "Triton" not in table and "convnet" not in table  # neither measured
