@@ -125,6 +125,8 @@ class ModelExecutor:
         self.in_flight += 1
         job = self._job_factory(self._runners[lane], batch, self._spec, lane)
         way = self._way(batch, lane, job)
+        if way == "timed":  # one LaunchChoice would launch, run on the lane for its timing (`_complete`)
+            batch.launch, way = False, "lane"
         self.ran[way] += 1
         if way == "loop":
             batch.inline = True
@@ -136,10 +138,10 @@ class ModelExecutor:
             lane.submit(job, self._complete, batch)
 
     def _way(self, batch: Batch, lane: Any, job: Any) -> str:
-        """Where `batch` runs (BATCH_WAYS): on the loop, a tiny model's batch (handing it to another thread would cost
-        more than running it), a batch of every client (`_runs_round`) or a small one (`_inline`); launched, a
-        request of a model that does not batch (`_launches_alone`) or a batch LaunchChoice launches (one that fits
-        it and is not launched is marked for its timing); else on the lane's thread."""
+        """Where `batch` runs: on the loop, a tiny model's batch (handing it to another thread would cost more than
+        running it), a batch of every client (`_runs_round`) or a small one (`_inline`); launched, a request of a
+        model that does not batch (`_launches_alone`) or a batch LaunchChoice launches; "timed", one that fits
+        LaunchChoice while it does not launch (on the lane's thread, and its run timed); else on the lane's thread."""
         if (self._tiny and not lane.on_gpu) or self._runs_round(batch, lane):
             return "loop"
         launch = self._launch
@@ -149,9 +151,9 @@ class ModelExecutor:
         fits = launchable and launch.fits(batch)
         if self._inline_max_ns and self._inline(batch, lane, fits and launch.launching):
             return "loop"
-        if fits:
-            batch.launch = launch.launching
-        return "launched" if batch.launch else "lane"
+        if not fits:
+            return "lane"
+        return "launched" if launch.launching else "timed"
 
     @property
     def launches_more(self) -> bool:
