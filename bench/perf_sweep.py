@@ -20,7 +20,8 @@ it still is: it ran on a slower machine than the rest). Prints JSON lines (also 
 of ratios. With `--runs N` the whole sweep runs N times (raw, Triton, gt-serve each time), each run prints its own
 table, and a last table gives every figure's median over the runs and its range, the ratios taken within each run
 (bench/sweep_summary.py; its `reach/triton` column is a point's inf/s against Triton's were the machine never idle,
-its `run floor` raw onnxruntime's batch-1 run paced 0.5 ms apart against its run back to back, at one client).
+its `run floor` raw onnxruntime's batch-1 run paced 0.5 ms apart against its run back to back, at one client, its
+`runs ceiling` the ceiling with the model's runs at what the server's run threads cost beside the client).
 
     python bench/perf_sweep.py [--models mlp,convnet] [--protocols http,grpc] [--concurrency 1,16,64]
                                [--interval-ms 2000] [--triton-venv PATH] [--jsonl out.jsonl] [--quick] [--runs 3]
