@@ -59,11 +59,21 @@ def _run(p50, cpu64, infs16, infs64, triton64=None, convnet_share=None):
     return ss.run_figures(points, raws)
 
 
+def _rows(runs) -> dict[str, str]:
+    """targets_table's rows over HTTP, by their first cell."""
+    return {line.split(" | ")[0].lstrip("| "): line for line in ss.targets_table(runs, ("http",)).splitlines()}
+
+
+def _row(runs, start: str) -> str:
+    """The HTTP row of targets_table whose first cell begins with `start`."""
+    return next(v for k, v in _rows(runs).items() if k.startswith(start))
+
+
 def test_targets_table_says_in_how_many_runs_each_target_was_met():
     runs = [_run(0.3, 0.09, 7000, 8000, triton64=4000, convnet_share=0.91),
             _run(0.6, 0.12, 8000, 7000, triton64=3000, convnet_share=0.7),
             _run(0.4, 0.13, 6000, 6000, triton64=5000, convnet_share=0.8)]
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in ss.targets_table(runs, ("http",)).splitlines()}
+    rows = _rows(runs)
     assert "0.400 [0.300-0.600]: met in 2 of 3 runs" in rows["mlp, one client: p50 <= 0.5 ms"]
     assert "met in 1 of 3 runs" in rows["mlp, 64 clients: server CPU <= 0.10 ms per inference"]
     assert "2.00 [1.20-2.33]: met in 2 of 3 runs" in rows["mlp, 64 clients: >= 2x Triton-py's inf/s"]
@@ -78,8 +88,7 @@ def test_the_ceiling_a_client_sets_is_taken_within_the_run_and_bounds_the_convne
                                  model="convnet")], {"convnet": raw})
             for share, client in ((0.7, 0.1), (0.8, 0.0), (0.75, 0.2))]
     assert [round(run[("gt_serve", "convnet", "http", 64)]["ceiling"], 3) for run in runs] == [0.9, 1.0, 0.818]
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in ss.targets_table(runs, ("http",)).splitlines()}
-    row = next(v for k, v in rows.items() if k.startswith("convnet, 64 clients: the most any server could reach"))
+    row = _row(runs, "convnet, 64 clients: the most any server could reach")
     assert "0.90 [0.82-1.00]: room for 0.90 in 2 of 3 runs" in row
     no_client = ss.run_figures([dict(point("gt_serve", 700, 1.4), model="convnet")], {"convnet": raw})
     assert math.isnan(no_client[("gt_serve", "convnet", "http", 64)]["ceiling"])
@@ -94,8 +103,7 @@ def test_the_runs_ceiling_takes_the_runs_at_what_they_cost_in_the_server_and_bou
             for loop in (0.1, 0.3, 0.4)]
     assert [round(run[("gt_serve", "convnet", "http", 64)]["runs_ceiling"], 3) for run in runs] == [0.818, 1.0, 1.125]
     assert [run[("gt_serve", "convnet", "http", 64)]["ceiling"] for run in runs] == [0.9] * 3  # raw's run alone
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in ss.targets_table(runs, ("http",)).splitlines()}
-    row = next(v for k, v in rows.items() if k.startswith("convnet, 64 clients: the same, with the model's runs"))
+    row = _row(runs, "convnet, 64 clients: the same, with the model's runs")
     assert "1.00 [0.82-1.12]: room for 0.90 in 2 of 3 runs" in row
     no_loop = ss.run_figures([dict(point("gt_serve", 700, 1.1, client_cpu_ms_per_inference=0.1), model="convnet")],
                              {"convnet": raw})  # the event loop's CPU not measured (Triton's points): no figure, no row
@@ -138,8 +146,7 @@ def test_reach_is_the_ratio_to_triton_were_the_machine_never_idle_and_bounds_the
             for infs, idle in ((6000, 0.25), (7000, 0.0), (6400, 0.2))]
     reach = [run[("gt_serve", "mlp", "http", 64)]["reach_per_triton"] for run in runs]
     assert reach == pytest.approx([2.0, 1.75, 2.0])
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in ss.targets_table(runs, ("http",)).splitlines()}
-    row = next(v for k, v in rows.items() if k.startswith("mlp, 64 clients: inf/s against Triton-py's were"))
+    row = _row(runs, "mlp, 64 clients: inf/s against Triton-py's were")
     assert "2.00 [1.75-2.00]: room for 2.00 in 2 of 3 runs" in row
     no_idle = ss.run_figures([point("triton", 4000, 0.4), point("gt_serve", 6000, 0.1)], {"mlp": RAW})
     no_triton = ss.run_figures([point("gt_serve", 6000, 0.1, machine_idle=0.1)], {"mlp": RAW})
@@ -154,8 +161,7 @@ def test_the_run_floor_is_raw_paced_against_back_to_back_at_one_client_and_bound
              for cpu in (0.36, 0.35, 0.4)]
     assert [run[("gt_serve", "mlp", "http", 1)]["run_floor"] for run in paced] == pytest.approx([1.44, 1.4, 1.6])
     assert math.isnan(paced[0][("gt_serve", "mlp", "http", 64)]["run_floor"])  # a one-client figure
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in ss.targets_table(paced, ("http",)).splitlines()}
-    row = next(v for k, v in rows.items() if k.startswith("mlp, one client: raw onnxruntime's own batch-1 run paced"))
+    row = _row(paced, "mlp, one client: raw onnxruntime's own batch-1 run paced")
     assert "1.44 [1.40-1.60]: room for 1.50 in 2 of 3 runs, 0.06 of it left" in row
     slow = ss.targets_table([_run(0.3, 0.09, 7000, 8000)], ("http",))  # RAW: paced 0.5 ms against 0.25
     assert "2.00: room for 1.50 in no run |" in slow
