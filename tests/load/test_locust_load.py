@@ -52,6 +52,10 @@ def gt_server(tmp_path: Path) -> Iterator[ServerProcess]:
         server.stop(timeout_s=20)
 
 
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
 def _read_stats(csv_prefix: Path) -> list[dict[str, str]]:
     with Path(f"{csv_prefix}_stats.csv").open(encoding="utf-8", newline="") as handle:
         return list(csv.DictReader(handle))
@@ -75,9 +79,15 @@ def test_locust_http_and_grpc_without_failures(gt_server: ServerProcess, tmp_pat
         "--loglevel", "WARNING",
         "V2HttpUser", "V2GrpcUser",
     ]
-    completed = subprocess.run(
-        command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIME_S + 60, check=False
-    )
+    try:
+        completed = subprocess.run(
+            command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIME_S + 60, check=False
+        )
+    except subprocess.TimeoutExpired as exc:  # name the hang and keep what locust printed and the server's log
+        pytest.fail(
+            f"locust did not exit {RUN_TIME_S + 60} s after starting a {RUN_TIME_S} s run (killed); it printed:\n"
+            f"{_text(exc.stdout)[-3000:]}\n{_text(exc.stderr)[-3000:]}\nserver log:\n{gt_server.log()[-4000:]}"
+        )
     report = (
         f"locust output:\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}\n"
         f"server log:\n{gt_server.log()[-4000:]}"
