@@ -252,8 +252,9 @@ class _GrpcClient(grpcclient.InferenceServerClient):
     """tritonclient's gRPC client, closed once however often close() is called.
 
     tritonclient's ``__del__`` closes the client again after ``on_stop`` did. That second close runs when the
-    interpreter exits, and under gevent it can block for ever on a lock of grpc's gevent channel count, held by
-    grpc's thread that exit stopped: locust prints its summary and never returns (seen about twice in 100 runs).
+    interpreter exits, and under gevent it can block for ever on a lock of grpc's gevent channel count that no thread
+    is left to release (a grpc thread stopped by the exit, as far as we can tell): locust prints its summary and never
+    returns (2 of 104 runs; docs/DESIGN-NOTES.md, "Thirty-seventh pass").
     """
 
     _closed = False
