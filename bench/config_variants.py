@@ -26,25 +26,31 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 from gt_serve.testing import model_builders as mb  # noqa: E402
 
-HEAD = """name: "{name}"
-platform: "onnxruntime_onnx"
-input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ 256 ] }} ]
-output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ 10 ] }} ]
-"""
+from perf_sweep import CONFIG  # noqa: E402  (the sweep's config, which each variant changes in one place)
+
+_DELAY = "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
+# each variant: (the line of the sweep's config it replaces, what replaces it)
 VARIANTS = {
-    "mlp_d0": "max_batch_size: 32\ndynamic_batching { }\n",
-    "mlp_nodb": "max_batch_size: 32\n",
-    "mlp_pref": "max_batch_size: 32\ndynamic_batching { preferred_batch_size: [ 4, 8 ] "
-                "max_queue_delay_microseconds: 500 }\n",
-    "mlp_d10ms": "max_batch_size: 32\ndynamic_batching { max_queue_delay_microseconds: 10000 }\n",
-    "mlp_b128": "max_batch_size: 128\ndynamic_batching { max_queue_delay_microseconds: 500 }\n",
-    "mlp_ig2": "max_batch_size: 32\ninstance_group [ { count: 2 kind: KIND_CPU } ]\n"
-               "dynamic_batching { max_queue_delay_microseconds: 500 }\n",
+    "mlp_d0": (_DELAY, "dynamic_batching { }\n"),
+    "mlp_nodb": (_DELAY, ""),
+    "mlp_pref": (_DELAY, "dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 500 }\n"),
+    "mlp_d10ms": (_DELAY, "dynamic_batching { max_queue_delay_microseconds: 10000 }\n"),
+    "mlp_b128": ("max_batch_size: 32\n", "max_batch_size: 128\n"),
+    "mlp_ig2": ("instance_group [ { count: 1 kind: KIND_CPU } ]\n", "instance_group [ { count: 2 kind: KIND_CPU } ]\n"),
 }
+
+
+def config(name: str) -> str:
+    """The config.pbtxt of variant `name`: the sweep's mlp config with the variant's one change."""
+    sweep = CONFIG.format(name=name, platform='platform: "onnxruntime_onnx"\n', dims="256")
+    line, replacement = VARIANTS[name]
+    if line not in sweep:
+        raise ValueError(f"{name}: the sweep's config no longer has {line.strip()!r}")
+    return sweep.replace(line, replacement)
 
 
 def build(root: Path, names: list[str] | None = None) -> Path:
@@ -58,7 +64,7 @@ def build(root: Path, names: list[str] | None = None) -> Path:
             source = onnx_path
         else:
             shutil.copyfile(source, onnx_path)
-        (root / name / "config.pbtxt").write_text(HEAD.format(name=name) + VARIANTS[name])
+        (root / name / "config.pbtxt").write_text(config(name))
     return root
 
 
