@@ -52,8 +52,10 @@ def gt_server(tmp_path: Path) -> Iterator[ServerProcess]:
         server.stop(timeout_s=20)
 
 
-def _text(output: str | bytes | None) -> str:
-    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+def _report(server: ServerProcess, stdout: str | bytes | None, stderr: str | bytes | None) -> str:
+    """The tails of what locust printed and of the server's log (a timeout hands locust's output over as bytes)."""
+    out, err = (o.decode(errors="replace") if isinstance(o, bytes) else o or "" for o in (stdout, stderr))
+    return f"locust output:\n{out[-3000:]}\n{err[-3000:]}\nserver log:\n{server.log()[-4000:]}"
 
 
 def _read_stats(csv_prefix: Path) -> list[dict[str, str]]:
@@ -84,14 +86,9 @@ def test_locust_http_and_grpc_without_failures(gt_server: ServerProcess, tmp_pat
             command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIME_S + 60, check=False
         )
     except subprocess.TimeoutExpired as exc:  # name the hang and keep what locust printed and the server's log
-        pytest.fail(
-            f"locust did not exit {RUN_TIME_S + 60} s after starting a {RUN_TIME_S} s run (killed); it printed:\n"
-            f"{_text(exc.stdout)[-3000:]}\n{_text(exc.stderr)[-3000:]}\nserver log:\n{gt_server.log()[-4000:]}"
-        )
-    report = (
-        f"locust output:\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}\n"
-        f"server log:\n{gt_server.log()[-4000:]}"
-    )
+        pytest.fail(f"locust did not exit {RUN_TIME_S + 60} s after starting a {RUN_TIME_S} s run (killed)\n"
+                    + _report(gt_server, exc.stdout, exc.stderr))
+    report = _report(gt_server, completed.stdout, completed.stderr)
 
     rows = _read_stats(csv_prefix)
     infer_counts = {
