@@ -49,6 +49,7 @@ class Report:
     """What `replay` found; times in CPU-seconds, latencies in microseconds."""
     span_s: float = 0.0
     cpus: int = 0
+    known_s: float = 0.0  # CPU-seconds whose CPU's state the trace showed (from each CPU's first switch)
     idle_s: float = 0.0
     idle_waiting_elsewhere_s: float = 0.0
     idle_waking_here_s: float = 0.0
@@ -57,7 +58,7 @@ class Report:
 
     def shares(self) -> dict:
         idle = max(self.idle_s, 1e-12)
-        return {"machine_idle": round(self.idle_s / max(self.span_s * self.cpus, 1e-12), 4),
+        return {"machine_idle": round(self.idle_s / max(self.known_s, 1e-12), 4),
                 "idle_task_waiting_elsewhere": round(self.idle_waiting_elsewhere_s / idle, 4),
                 "idle_task_waking_here": round(self.idle_waking_here_s / idle, 4),
                 "idle_nothing_runnable": round(1 - (self.idle_waiting_elsewhere_s + self.idle_waking_here_s) / idle,
@@ -81,14 +82,14 @@ class Replay:
     def __init__(self, kind: Callable[[int], str]) -> None:
         self.kind = kind
         self.report = Report()
-        self.running: dict[int, int] = {}
+        self.running: dict[int, int | None] = {}  # cpu -> pid running (0: idle; None: not known yet)
         self.waiting: dict[int, set[int]] = defaultdict(set)
         self.woken: dict[int, list] = {}  # pid -> [time, cpu it is queued on, waker's cpu]
         self.first: float | None = None
         self.last: float | None = None
 
     def feed(self, cpu: int, t: float, event: str, fields: dict) -> None:
-        self.running.setdefault(cpu, 0)
+        self.running.setdefault(cpu, None)
         self._advance(t)
         if event == "sched_waking":
             self._waking(cpu, t, int(fields["pid"]), int(fields["target_cpu"]))
@@ -103,22 +104,27 @@ class Replay:
         if self.last is not None and t > self.last:
             dt = t - self.last
             for cpu, pid in self.running.items():
-                if pid:
-                    continue
-                self.report.idle_s += dt
-                if self.waiting[cpu]:
-                    self.report.idle_waking_here_s += dt
-                    continue
-                elsewhere = [p for other, queue in self.waiting.items() if other != cpu for p in queue]
-                if elsewhere:
-                    self.report.idle_waiting_elsewhere_s += dt
-                    for pid_waiting in elsewhere:
-                        self.report.waiting_elsewhere_by[self.kind(pid_waiting)] += dt / len(elsewhere)
+                if pid is None:
+                    continue  # not known yet: no switch on this CPU seen since the trace began
+                self.report.known_s += dt
+                if pid == 0:
+                    self._idle(cpu, dt)
         self.last = t
+
+    def _idle(self, cpu: int, dt: float) -> None:
+        self.report.idle_s += dt
+        if self.waiting[cpu]:
+            self.report.idle_waking_here_s += dt
+            return
+        elsewhere = [p for other, queue in self.waiting.items() if other != cpu for p in queue]
+        if elsewhere:
+            self.report.idle_waiting_elsewhere_s += dt
+            for pid in elsewhere:
+                self.report.waiting_elsewhere_by[self.kind(pid)] += dt / len(elsewhere)
 
     def _waking(self, cpu: int, t: float, pid: int, target: int) -> None:
         if pid in self.running.values():
-            return
+            return  # woken while still on its CPU, before it switched out
         self._dequeue(pid)
         self.waiting[target].add(pid)
         self.woken[pid] = [t, target, cpu]
@@ -133,7 +139,12 @@ class Replay:
     def _switch(self, cpu: int, t: float, prev: int, prev_state: str, nxt: int) -> None:
         if prev and prev_state.startswith("R"):
             self.waiting[cpu].add(prev)  # preempted: runnable, and waits here
+        elif prev:
+            self._dequeue(prev)  # asleep
         self._dequeue(nxt)
+        for other, pid in self.running.items():
+            if pid == nxt and nxt and other != cpu:
+                self.running[other] = None  # a switch there was missed: its state is not known
         if nxt in self.woken:
             woken_at, queued_on, waker = self.woken.pop(nxt)
             if queued_on == cpu:  # else its placement was not seen whole (a migration the trace missed)

@@ -109,3 +109,21 @@ def test_run_queue_shares_sum_the_client_and_keep_the_loop():
     assert rows[1] == {"thread": f"server, other threads {POOL}", "ran": 0.3, "waited": 0.1}
     assert rows[-1] == {"thread": "client (all its threads)", "ran": 0.3, "waited": 1.5}
     assert len(rows) == 3  # "other" threads are left out
+
+
+def test_a_cpu_counts_only_from_its_first_switch():
+    # cpu 1 runs something unknown until it switches to idle at 1.0; cpu 0 is idle throughout
+    lines = [switch(0, 0.0, 9, "S", 0), waking(1, 0.5, POOL, 1), switch(1, 1.0, 9, "S", 0), switch(0, 2.0, 0, "R", 0)]
+    r = sched_idle.replay(lines, kind)
+    assert r.known_s == pytest.approx(2.0 + 1.0) and r.idle_s == pytest.approx(3.0)
+    assert r.shares()["machine_idle"] == pytest.approx(1.0)
+
+
+def test_a_task_seen_on_another_cpu_leaves_the_first_unknown():
+    # the trace missed the client's switch away from cpu 0: once it runs on cpu 1, cpu 0's state is not known
+    lines = [switch(0, 0.0, 0, "R", CLIENT), switch(1, 0.0, 0, "R", 0),
+             switch(1, 1.0, 0, "R", CLIENT), switch(1, 2.0, CLIENT, "S", 0)]
+    r = sched_idle.replay(lines, kind)
+    assert r.known_s == pytest.approx(1.0 + 2.0)  # cpu 0 until 1.0, cpu 1 throughout
+    assert r.idle_s == pytest.approx(1.0)  # cpu 1 before the client came
+    assert r.idle_waiting_elsewhere_s == 0
