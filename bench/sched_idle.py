@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -249,8 +250,11 @@ def record(a: argparse.Namespace, server: int, out: Path) -> tuple[Report, list[
     kind = classify(server, client)
     tids = [t for pid in (server, *client) for t in threads(pid)]
     before, t0 = schedstat(tids), time.monotonic()
-    subprocess.run(["perf", "sched", "record", "-a", "-o", str(out), "--", "sleep", str(a.seconds)],
-                   check=True, capture_output=True, timeout=60 + a.seconds)
+    rec = subprocess.run(["perf", "sched", "record", "-a", "-o", str(out), "--", "sleep", str(a.seconds)],
+                         capture_output=True, text=True, timeout=60 + a.seconds)
+    if rec.returncode != 0:
+        sys.exit(f"`perf sched record` exited {rec.returncode} (recording scheduler events needs root, or "
+                 f"kernel.perf_event_paranoid <= -1): {rec.stderr.strip()[-400:]}")
     shares = run_queue_shares(before, schedstat(tids), kind, time.monotonic() - t0)
     script = subprocess.run(["perf", "script", "-i", str(out), "-F", "cpu,time,event,trace"], check=True,
                             capture_output=True, text=True, timeout=600).stdout
@@ -285,6 +289,8 @@ def main() -> None:
     p.add_argument("--repository", help="a model repository of your own (default: the sweep's model, built)")
     p.add_argument("--perf-analyzer")
     a = p.parse_args()
+    if shutil.which("perf") is None:
+        sys.exit("bench/sched_idle.py needs `perf` on PATH (Debian: apt-get install linux-perf)")
     import ab_compare
     import perf_sweep
 
