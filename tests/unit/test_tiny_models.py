@@ -55,8 +55,11 @@ def test_one_row_first_then_the_quickest_timed_run_of_the_largest_batch(monkeypa
     assert is_tiny(runner, a)
     runner = ClockedRunner(clock, [1, 1, 1, TINY_RUN_NS, TINY_RUN_NS + 5, TINY_RUN_NS * 9])
     assert not is_tiny(runner, a)
-    runner = ClockedRunner(clock, [1, TINY_RUN_NS * 3])  # a row alone is too slow: no larger batch is run
-    assert probe_ns(runner, a) == TINY_RUN_NS * 3 and len(runner.calls) == 2
+    runner = ClockedRunner(clock, [1, TINY_RUN_NS * 3, TINY_RUN_NS * 2])  # a row alone is too slow, timed twice:
+    assert probe_ns(runner, a) == TINY_RUN_NS * 2 and len(runner.calls) == 3  # no larger batch is run
+    # a row slow once (its run waited for a core) and quick the second time: the largest batch is probed
+    runner = ClockedRunner(clock, [1, TINY_RUN_NS * 3, 10, 1, 20, 30, 40])
+    assert probe_ns(runner, a) == 20 and [rows for rows, _ in runner.calls] == [1, 1, 1, 8, 8, 8, 8]
     runner = ClockedRunner(clock, [1, 5, 6, 7])  # a model that does not batch: its one shape, no row first
     assert probe_ns(runner, spec(0, A=("FP32", (4,)))) == 5 and [r for r, _ in runner.calls] == [4] * 4
     assert probe_ns(ClockedRunner(clock, [], fail=True), a) is None
