@@ -44,9 +44,9 @@ def probe_feeds(spec: Any, rows: int | None = None) -> dict[str, np.ndarray] | N
 
 def probe_ns(runner: Any, spec: Any, bound_ns: int = TINY_RUN_NS, runs: int = PROBE_RUNS) -> int | None:
     """The quickest of `runs` runs of the model's largest batch of zeros on `runner`, the first run of each size not
-    counted (allocations, first-run set-up). One row is timed first, and where it alone takes `bound_ns` or more in two
-    timed runs the quicker is the answer (a large model's probe costs three runs of a row). None where the model cannot be probed
-    (probe_feeds) or a run fails."""
+    counted (allocations, first-run set-up). One row is timed first, and where it alone takes `bound_ns` or more in
+    two timed runs the quicker is the answer (a large model's probe costs three runs of a row). None where the model
+    cannot be probed (probe_feeds) or a run fails."""
     outputs = list(spec.output_order)
     try:
         largest = probe_feeds(spec)
