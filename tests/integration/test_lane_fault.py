@@ -61,9 +61,11 @@ def fault_server(request, tmp_path_factory):
     (work / "node.yaml").write_text(f"lanes:\n  {LANES[request.param]}\n")
     srv = start_server(root, work, "--config", str(work / "node.yaml"))
     srv.lanes = request.param
-    assert ("model gather v1 is tiny" in srv.log()) == (request.param == "tiny"), srv.log()[-3000:]
-    yield srv
-    srv.stop()
+    try:  # a failed check here must not leave the server running
+        assert ("model gather v1 is tiny" in srv.log()) == (request.param == "tiny"), srv.log()[-3000:]
+        yield srv
+    finally:
+        srv.stop()
 
 
 def post(srv, model: str, doc: dict) -> tuple[int, dict]:

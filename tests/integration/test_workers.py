@@ -182,9 +182,12 @@ def test_workers_on_the_grpcio_transport_share_its_port(repo, tmp_path):
 
 def test_sigterm_stops_every_worker_and_the_server_exits_0(repo, tmp_path):
     srv = start_server(repo, tmp_path, "--workers", "2")
-    workers = workers_of(srv)
-    assert len(workers) == 2
-    assert srv.stop(signal.SIGTERM, timeout_s=TIMEOUT_S) == 0, srv.log()
+    try:  # a failed check here must not leave the server running
+        workers = workers_of(srv)
+        assert len(workers) == 2
+    finally:
+        code = srv.stop(signal.SIGTERM, timeout_s=TIMEOUT_S)
+    assert code == 0, srv.log()
     gone, alive = psutil.wait_procs(workers, timeout=TIMEOUT_S)
     assert not alive
 
