@@ -71,13 +71,17 @@ def thread_times_s(pid: int, tid: int) -> tuple[float, float]:
     return int(fields[11]) / _TICKS_PER_S, int(fields[12]) / _TICKS_PER_S
 
 
+def loop_pids(pid: int) -> list[int]:
+    """The processes whose main thread is one of gt-serve's event loops: `pid` and, for a server of several workers
+    (server.workers), each gt-serve worker the supervisor `pid` started (not other children: Triton's stubs)."""
+    return [pid, *(child for child in _children(pid) if _is_gt_serve(child))]
+
+
 def loops_times_s(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of gt-serve's event-loop threads: the main thread of `pid` and, for a server of
-    several workers (server.workers), of each gt-serve worker the supervisor `pid` started (not other children:
-    Triton's stubs). The system part is the loops' time in the kernel: the sockets' reads and writes (on loopback a
-    write also runs the receiver's side of TCP and wakes its thread), epoll, futexes."""
-    workers = [child for child in _children(pid) if _is_gt_serve(child)]
-    times = [thread_times_s(p, p) for p in (pid, *workers)]
+    """(user, system) CPU seconds of gt-serve's event-loop threads (the main threads of `loop_pids(pid)`). The system
+    part is the loops' time in the kernel: the sockets' reads and writes (on loopback a write also runs the
+    receiver's side of TCP and wakes its thread), epoll, futexes."""
+    times = [thread_times_s(p, p) for p in loop_pids(pid)]
     return sum(t[0] for t in times), sum(t[1] for t in times)
 
 

@@ -42,7 +42,6 @@ sys.path.insert(0, str(HERE))
 
 EVENT = re.compile(r"\s*\[(\d+)\]\s+([\d.]+):\s+(?:\w+:)?(sched_\w+):\s*(.*)")
 FIELD = re.compile(r"(\w+)=(\S+)")
-KINDS = ("event loop", "server, other threads", "client", "other")
 
 
 @dataclass
@@ -78,7 +77,8 @@ class Report:
 
 class Replay:
     """The run queues as the scheduler's events leave them: who runs on each CPU (0: idle) and who is runnable and
-    waits where. `kind(pid)` names a thread's kind (one of KINDS)."""
+    waits where. `kind(pid)` names a thread's kind (`classify`'s: event loop, server's other threads, client,
+    other)."""
 
     def __init__(self, kind: Callable[[int], str]) -> None:
         self.kind = kind
@@ -216,9 +216,9 @@ def descendants(pid: int, name: str) -> list[int]:
 def classify(server: int, client: list[int]) -> Callable[[int], str]:
     """A thread's kind: the server's event loop (its main thread, and each worker's), its other threads, the
     client's threads, anything else."""
-    from common import _children, _is_gt_serve
+    from common import loop_pids
 
-    loops = {server, *(c for c in _children(server) if _is_gt_serve(c))}
+    loops = set(loop_pids(server))
     server_tids = {tid for pid in loops for _, tid in threads(pid)}
     client_tids = {tid for pid in client for _, tid in threads(pid)}
     return lambda tid: ("event loop" if tid in loops else "server, other threads" if tid in server_tids
@@ -228,19 +228,20 @@ def classify(server: int, client: list[int]) -> Callable[[int], str]:
 def run_queue_shares(before: dict, after: dict, kind: Callable[[int], str], window_s: float) -> list[dict]:
     """The loop threads, the three busiest other server threads and the client as a whole: the share of the
     window each ran, and each waited runnable in a run queue."""
-    rows, client = [], [0, 0]
+    def row(thread: str, run_s: float, wait_s: float) -> dict:
+        return {"thread": thread, "ran": round(run_s / window_s, 3), "waited": round(wait_s / window_s, 3)}
+
+    loops, others, client = [], [], [0.0, 0.0]
     for tid in after.keys() & before.keys():
         run_s, wait_s = ((a - b) / 1e9 for a, b in zip(after[tid], before[tid]))
-        if kind(tid) == "client":
+        what = kind(tid)
+        if what == "client":
             client[0] += run_s
             client[1] += wait_s
-        elif kind(tid) != "other":
-            rows.append({"thread": f"{kind(tid)} {tid}", "ran": round(run_s / window_s, 3),
-                         "waited": round(wait_s / window_s, 3)})
-    loops = [r for r in rows if r["thread"].startswith("event loop")]
-    others = sorted((r for r in rows if not r["thread"].startswith("event loop")), key=lambda r: -r["ran"])[:3]
-    return loops + others + [{"thread": "client (all its threads)", "ran": round(client[0] / window_s, 3),
-                              "waited": round(client[1] / window_s, 3)}]
+        elif what != "other":
+            (loops if what == "event loop" else others).append(row(f"{what} {tid}", run_s, wait_s))
+    others = sorted(others, key=lambda r: -r["ran"])[:3]
+    return loops + others + [row("client (all its threads)", *client)]
 
 
 def record(a: argparse.Namespace, server: int, out: Path) -> tuple[Report, list[dict]]:

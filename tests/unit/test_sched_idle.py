@@ -14,11 +14,11 @@ sys.path.insert(0, str(BENCH))
 import sched_idle  # noqa: E402
 
 LOOP, POOL, CLIENT = 100, 101, 200
-KIND = {LOOP: "event loop", POOL: "server, other threads", CLIENT: "client"}.get
+KINDS = {LOOP: "event loop", POOL: "server, other threads", CLIENT: "client"}
 
 
 def kind(pid: int) -> str:
-    return KIND(pid, "other")
+    return KINDS.get(pid, "other")
 
 
 def switch(cpu: int, t: float, prev: int, state: str, nxt: int) -> str:
@@ -103,7 +103,7 @@ def test_run_queue_shares_sum_the_client_and_keep_the_loop():
     before = {LOOP: (0, 0), POOL: (0, 0), CLIENT: (0, 0), 201: (0, 0), 300: (0, 0)}
     after = {LOOP: (500_000_000, 400_000_000), POOL: (300_000_000, 100_000_000), CLIENT: (200_000_000, 1_000_000_000),
              201: (100_000_000, 500_000_000), 300: (900_000_000, 0)}
-    kinds = {**{LOOP: "event loop", POOL: "server, other threads"}, CLIENT: "client", 201: "client"}
+    kinds = {**KINDS, 201: "client"}
     rows = sched_idle.run_queue_shares(before, after, lambda t: kinds.get(t, "other"), window_s=1.0)
     assert rows[0] == {"thread": f"event loop {LOOP}", "ran": 0.5, "waited": 0.4}
     assert rows[1] == {"thread": f"server, other threads {POOL}", "ran": 0.3, "waited": 0.1}
