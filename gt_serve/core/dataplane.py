@@ -63,6 +63,7 @@ from .pipeline import Pipeline, PipelineSet
 from .registry import READY, LoadedModel, ModelRegistry
 from .request_checks import check_inputs, check_outputs, check_region, check_request, read_shm_input
 from .response_cache import ResponseCache, serve_cached
+from .sequences import sequence_call
 from .shared_memory import CudaSharedMemory, SystemSharedMemory
 from .trace_context import RequestTrace
 from .worker_stats import merge_statistics
@@ -183,21 +184,22 @@ class DataPlane:
                 raise Unavailable(f"model '{model.name}' version {model.version} is not ready ({model.state})")
         try:
             feeds, batch_size, shape_key, requested = check_request(model, request, self._shm, self._max_batch_size)
+            executor = model.executor if model.spec.sequence is None else sequence_call(model, request, batch_size)
             deadline_s = request.deadline_s
             if deadline_s is None and self._default_timeout_s > 0:
                 deadline_s = time.monotonic() + self._default_timeout_s
             if self._response_cache is None:  # no cache on this server: the plain path, no closure, no lookup
                 if trace is None:
-                    outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority, deadline_s)
+                    outputs = await executor.submit(feeds, batch_size, shape_key, request.priority, deadline_s)
                 else:  # traced: the batch it runs in notes its queue and compute times on the trace
-                    outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority,
+                    outputs = await executor.submit(feeds, batch_size, shape_key, request.priority,
                                                           deadline_s, trace)
                 response_outputs = make_outputs(model, outputs, requested, self._shm)
             else:
                 traced = () if trace is None else (trace,)
 
                 async def run():
-                    outputs = await model.executor.submit(feeds, batch_size, shape_key, request.priority,
+                    outputs = await executor.submit(feeds, batch_size, shape_key, request.priority,
                                                           deadline_s, *traced)
                     return make_outputs(model, outputs, requested, self._shm)
 
@@ -211,8 +213,8 @@ class DataPlane:
     # -- the front ends' express lanes (protocol/express_plans.py) ---------------------------------------------
     def express_model(self, name: str, version: str = "") -> LoadedModel | None:
         """The loaded model that `infer` would hand a plain request for `name` / `version` to at once (`_infer_here`:
-        its queue, nothing else), or None where anything else decides: draining, a pipeline or ensemble of that name,
-        peers, a response cache, a model not loaded or not ready. A plain request: no parameters but
+        its queue, nothing else), or None where anything else decides: draining, a pipeline, ensemble or sequence
+        model of that name, peers, a response cache, a model not loaded or not ready. A plain request: no parameters but
         `binary_data_output`, no timeout of its own, a form already checked on that model (its regions looked up
         for each request: `express_regions`, `express_outputs`)."""
         return None if self._readiness.draining else self._local_model(name, version)
@@ -228,7 +230,7 @@ class DataPlane:
             model = self._registry.get(name, version)
         except GtServeError:
             return None
-        return model if model.state == READY and model.ensemble is None else None
+        return model if model.state == READY and model.ensemble is None and model.spec.sequence is None else None
 
     def express_submit(self, model: LoadedModel, feeds: dict, batch_size: int, shape_key: tuple, priority: int):
         """Queue a plain request of a form checked on `model` (express_model's): its future, as `_infer_here` awaits

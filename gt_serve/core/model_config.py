@@ -15,6 +15,7 @@ from ..errors import ConfigError, InvalidArgument
 from ..types import TensorSpec
 from .model_config_fields import check_fields
 from .repository_paths import confine, shown
+from .sequence_config import SequenceSettings, check_hidden, hidden_tensors, sequence_settings
 from .session_settings import SessionSettings, session_settings
 from .warmup import WarmupSample, warmup_samples
 
@@ -78,7 +79,7 @@ def complete_config(cfg: mc.ModelConfig, name: str, graph_inputs: list, graph_ou
     can_batch = bool(all_graph) and all(_variable_first_dim(t) for t in all_graph)
     if not batching_explicit and cfg.max_batch_size == 0 and can_batch:
         cfg.max_batch_size = DEFAULT_MAX_BATCH_SIZE
-        if not cfg.HasField("dynamic_batching"):
+        if not cfg.HasField("dynamic_batching") and not cfg.HasField("sequence_batching"):  # one of the two
             cfg.dynamic_batching.SetInParent()
     if cfg.max_batch_size > 0 and not can_batch:
         fixed = ", ".join(f"{what} '{t.name}' {list(t.dims)}" for what, tensors in (("input", graph_inputs),
@@ -87,8 +88,10 @@ def complete_config(cfg: mc.ModelConfig, name: str, graph_inputs: list, graph_ou
         raise ConfigError(f"model '{name}': max_batch_size {cfg.max_batch_size} needs a variable first "
                           f"dimension on every input and output of the ONNX graph; the graph has "
                           f"{fixed or 'no inputs or outputs'} (set max_batch_size: 0 to serve it unbatched)")
-    _merge_tensors(cfg, cfg.input, graph_inputs, "input", name)
-    _merge_tensors(cfg, cfg.output, graph_outputs, "output", name)
+    check_hidden(cfg, name, graph_inputs, graph_outputs)
+    hidden_in, hidden_out = hidden_tensors(cfg)  # the sequence batcher's controls and states
+    _merge_tensors(cfg, cfg.input, [g for g in graph_inputs if g.name not in hidden_in], "input", name)
+    _merge_tensors(cfg, cfg.output, [g for g in graph_outputs if g.name not in hidden_out], "output", name)
     if not cfg.HasField("version_policy"):
         cfg.version_policy.latest.num_versions = 1
     if not cfg.instance_group:
@@ -145,6 +148,7 @@ class ModelSpec:
     # onnxruntime session settings (threads, graph level, arena, accelerators, reshapes); None = defaults
     session: SessionSettings | None = None
     warmup: tuple[WarmupSample, ...] = ()
+    sequence: SequenceSettings | None = None  # sequence_batching (core/sequences.py); None for a stateless model
 
 
 def _check_reshape(t, graph_dims, what: str, name: str) -> None:
@@ -182,7 +186,7 @@ def spec_from_config(cfg: mc.ModelConfig, model_dir: Path) -> ModelSpec:
     labels = {out.name: read_labels(model_dir, out.label_filename, cfg.name) for out in cfg.output if out.label_filename}
     return ModelSpec(cfg.name, int(cfg.max_batch_size), specs(cfg.input), specs(cfg.output),
                      tuple(t.name for t in cfg.input), tuple(t.name for t in cfg.output), labels,
-                     session_settings(cfg), warmup_samples(cfg, model_dir))
+                     session_settings(cfg), warmup_samples(cfg, model_dir), sequence_settings(cfg, model_dir))
 
 
 def read_labels(model_dir: Path, label_filename: str, model: str) -> list[str]:

@@ -16,6 +16,8 @@ HONOURED, REFUSED, IGNORED, PARTIAL = "honoured", "refused", "ignored", "partial
 
 _ENSEMBLE_ONLY = "platform 'ensemble' only: steps checked as a DAG at load (core/ensemble.py)"
 _TRT = "a TensorRT-backend setting; the onnxruntime backend does not read it"
+_NO_SLOTS = ("every live sequence runs, each request in a batch with other sequences' (Oldest's batches); there are "
+             "no slots and no backlog (core/sequences.py)")
 
 # path -> (class, why); a refused field is refused when set to anything but its default
 FIELDS: dict[str, tuple[str, str]] = {
@@ -62,7 +64,26 @@ FIELDS: dict[str, tuple[str, str]] = {
     "dynamic_batching.default_priority_level": (HONOURED, ""),
     "dynamic_batching.default_queue_policy": (HONOURED, "timeout, timeout action, override, queue size"),
     "dynamic_batching.priority_queue_policy": (REFUSED, "one queue policy per model; no per-level policies"),
-    "sequence_batching": (REFUSED, "sequence batching (stateful models) is not implemented"),
+    "sequence_batching": (PARTIAL, ""),
+    "sequence_batching.max_sequence_idle_microseconds": (HONOURED, "an idle sequence is dropped (default 1 s)"),
+    "sequence_batching.control_input": (HONOURED, "START, END, READY and CORRID, one control an input"),
+    "sequence_batching.state": (PARTIAL, ""),
+    "sequence_batching.state.input_name": (HONOURED, ""),
+    "sequence_batching.state.output_name": (HONOURED, ""),
+    "sequence_batching.state.data_type": (HONOURED, "checked against the ONNX graph"),
+    "sequence_batching.state.dims": (HONOURED, "-1 for a variable dimension (1 in the first request's state)"),
+    "sequence_batching.state.initial_state": (HONOURED, "zero_data or data_file (under initial_state/)"),
+    "sequence_batching.state.use_same_buffer_for_input_output": (IGNORED, "a memory hint; states are host arrays"),
+    "sequence_batching.state.use_growable_memory": (IGNORED, "a memory hint; states are host arrays"),
+    "sequence_batching.direct": (PARTIAL, ""),
+    "sequence_batching.direct.max_queue_delay_microseconds": (HONOURED, "the queue delay of the sequences' batches"),
+    "sequence_batching.direct.minimum_slot_utilization": (IGNORED, _NO_SLOTS),
+    "sequence_batching.oldest": (PARTIAL, ""),
+    "sequence_batching.oldest.max_candidate_sequences": (IGNORED, _NO_SLOTS),
+    "sequence_batching.oldest.preferred_batch_size": (HONOURED, ""),
+    "sequence_batching.oldest.max_queue_delay_microseconds": (HONOURED, "the queue delay of the sequences' batches"),
+    "sequence_batching.oldest.preserve_ordering": (REFUSED, "batches on several lanes may finish out of order"),
+    "sequence_batching.iterative_sequence": (REFUSED, "iterative sequences (decoupled generation) are not implemented"),
     "ensemble_scheduling": (HONOURED, _ENSEMBLE_ONLY),
     "instance_group": (PARTIAL, ""),
     "instance_group.name": (IGNORED, "a label"),

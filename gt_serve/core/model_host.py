@@ -22,6 +22,7 @@ from .memory_budget import LoadMeasure, MemoryBook
 from .model_executor import JobFactory, ModelExecutor
 from .registry import LoadedModel, Opened
 from .response_cache import check_cache_available
+from .sequence_config import batching as sequence_batching
 from .session_settings import SessionSettings
 from .spill import Spill, may_spill, over_device_budget, slo_miss
 from .stream_scheduler import StreamScheduler
@@ -42,6 +43,9 @@ def batching_from_config(cfg: mc.ModelConfig, knobs: Mapping[str, Any]) -> tuple
     mbs = int(cfg.max_batch_size)
     delay_s = db.max_queue_delay_microseconds / 1e6 if has_db else 0.0
     preferred = tuple(int(p) for p in db.preferred_batch_size) if has_db else ()
+    sequences = sequence_batching(cfg)  # a sequence model's requests of different sequences batch together
+    if sequences is not None:
+        has_db, (delay_s, preferred) = True, sequences
     if "max_queue_delay_us" in knobs:
         delay_s = float(knobs["max_queue_delay_us"]) / 1e6
     # like Triton, requests are merged only with a dynamic_batching block (or the YAML knob saying so)

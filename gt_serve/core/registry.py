@@ -1,7 +1,7 @@
 """Model repository: discovery, config (+ completion from the ONNX graph), versions, load/unload states.
 
-Triton layout: NAME/config.pbtxt (optional), NAME/VERSION/model.onnx. Loading is done off the event
-loop (sessions take time to build); the executors themselves come from an injected ModelHost.
+Triton layout: NAME/config.pbtxt (optional), NAME/VERSION/model.onnx. Loading is done off the event loop (sessions
+take time to build); the executors themselves come from an injected ModelHost.
 """
 from __future__ import annotations
 
@@ -45,9 +45,9 @@ class LoadedModel:
     # request forms (InferRequest.form) this version has accepted: {form: (batch size, shape key, outputs)}; not
     # copied by dataclasses.replace, so a new version or a reload starts empty (core/request_checks.check_request)
     checked_forms: dict = field(default_factory=dict, init=False, repr=False)
-    # an ensemble's requests that come together, grouped to run its steps together (core/ensemble_groups.py); made
-    # by the data plane at the first request, and like checked_forms new for a new version or a reload
-    groups: Any = field(default=None, init=False, repr=False)
+    # made by the data plane at the first request and, like checked_forms, new for a new version or a reload:
+    groups: Any = field(default=None, init=False, repr=False)  # an ensemble's requests run together: ensemble_groups
+    sequences: Any = field(default=None, init=False, repr=False)  # a sequence model's live sequences: sequences.py
 
 
 @dataclass(frozen=True)

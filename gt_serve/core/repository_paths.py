@@ -92,6 +92,10 @@ def check_config_paths(cfg: mc.ModelConfig, model: str) -> None:
         for tensor, data in warmup.inputs.items():
             if data.HasField("input_data_file"):
                 check_relative(model, f"model_warmup input '{shown(tensor)}' input_data_file", data.input_data_file)
+    for state in cfg.sequence_batching.state:
+        for initial in state.initial_state:
+            if initial.data_file:
+                check_relative(model, f"state '{shown(state.input_name)}' initial_state data_file", initial.data_file)
 
 
 class UploadArea:

@@ -51,6 +51,10 @@ class WarmupSample:
 
 def warmup_samples(cfg: mc.ModelConfig, model_dir: Path) -> tuple[WarmupSample, ...]:
     """The config's warmup samples, checked against its (completed) inputs."""
+    sb = cfg.sequence_batching
+    if cfg.model_warmup and (sb.control_input or sb.state):
+        raise ConfigError(f"model '{cfg.name}': model_warmup is not supported with sequence_batching control inputs "
+                          "or states (the sequence batcher fills them for each request)")
     return tuple(_sample(cfg, w, model_dir) for w in cfg.model_warmup)
 
 

@@ -43,8 +43,10 @@ class JobFactory:
         entries = batch.entries
         feeds_list = [e.feeds for e in entries]
         counts = [e.batch_size for e in entries]
+        outputs = list(spec.output_order)
+        if spec.sequence is not None:  # a sequence model's state outputs not in its config: core/sequences.py
+            outputs += spec.sequence.hidden_outputs
         device_backend = self.bound_backend(runner, lane)
         if device_backend is not None:
-            return BoundBatchJob(runner, device_backend, feeds_list, counts, spec.input_order,
-                                 list(spec.output_order), self.pool)
-        return BatchJob(runner, self.backend, feeds_list, counts, spec.input_order, list(spec.output_order), self.pool)
+            return BoundBatchJob(runner, device_backend, feeds_list, counts, spec.input_order, outputs, self.pool)
+        return BatchJob(runner, self.backend, feeds_list, counts, spec.input_order, outputs, self.pool)

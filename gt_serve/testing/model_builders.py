@@ -57,6 +57,49 @@ def add_pair(path: Path, width: int = 4) -> None:
     _save(helper.make_graph([helper.make_node("Add", ["A", "B"], ["SUM"])], "add_pair", inputs, [out]), path)
 
 
+def accumulator(path: Path, width: int = 4, corrid: str = "UINT64", echo: bool = True) -> None:
+    """A stateful model for sequence_batching: FP32 INPUT [B, width], controls START, END, READY [B, 1] FP32 and
+    CORRID [B, 1] (`corrid`: UINT64 or STRING), implicit state STATE_IN / STATE_OUT [B, width] ->
+    OUTPUT = INPUT + (1 - START) * STATE_IN (the sum over the sequence so far; also STATE_OUT) and, with `echo`,
+    FLAGS = [START, END, READY] and CORRID_OUT (CORRID as given: INT64 from UINT64, or the string)."""
+    from onnx import TensorProto, helper
+
+    def info(name, kind, cols):
+        return helper.make_tensor_value_info(name, kind, ["batch", cols])
+
+    fp = TensorProto.FLOAT
+    cid = TensorProto.UINT64 if corrid == "UINT64" else TensorProto.STRING
+    inputs = [info("INPUT", fp, width), info("STATE_IN", fp, width), info("START", fp, 1), info("END", fp, 1),
+              info("READY", fp, 1), info("CORRID", cid, 1)]
+    outputs = [info("OUTPUT", fp, width), info("STATE_OUT", fp, width), info("FLAGS", fp, 3),
+               info("CORRID_OUT", TensorProto.INT64 if corrid == "UINT64" else cid, 1)]
+    one = helper.make_tensor("one", fp, [], [1.0])
+    nodes = [helper.make_node("Sub", ["one", "START"], ["keep"]),
+             helper.make_node("Mul", ["keep", "STATE_IN"], ["kept"]),
+             helper.make_node("Add", ["INPUT", "kept"], ["OUTPUT"]),
+             helper.make_node("Identity", ["OUTPUT"], ["STATE_OUT"]),
+             helper.make_node("Concat", ["START", "END", "READY"], ["FLAGS"], axis=1),
+             helper.make_node("Cast", ["CORRID"], ["CORRID_OUT"], to=TensorProto.INT64) if corrid == "UINT64"
+             else helper.make_node("Identity", ["CORRID"], ["CORRID_OUT"])][:None if echo else 4]
+    outputs = outputs[:None if echo else 2]
+    _save(helper.make_graph(nodes, "accumulator", inputs, outputs, initializer=[one]), path)
+
+
+ACCUMULATOR_CONFIG = """max_batch_size: 8
+sequence_batching {
+  max_sequence_idle_microseconds: %d
+  oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 200 }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END fp32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY fp32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: %s } ] }
+  ]
+  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+}
+"""  # (idle microseconds, CORRID's TYPE_UINT64 or TYPE_STRING): the accumulator's Triton config, outputs completed
+
+
 def add_one_fixed(path: Path, width: int = 4) -> None:
     """FP32 INPUT [width] (no batch dimension) -> OUTPUT = INPUT + 1."""
     from onnx import TensorProto, helper

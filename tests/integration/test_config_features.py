@@ -53,7 +53,8 @@ ensemble_scheduling { step [ { model_name: "tuned" model_version: -1
   input_map { key: "INPUT" value: "X" } output_map { key: "OUTPUT" value: "Y" } } ] }
 '''
 REFUSED = {
-    "seq": ("max_batch_size: 8\nsequence_batching { }\n", "sequence_batching"),
+    "seq": ("max_batch_size: 8\nsequence_batching { iterative_sequence: true }\n",
+            "sequence_batching.iterative_sequence"),
     "ens": ('platform: "ensemble"\n', "ensemble"),
     "decoupled": ("model_transaction_policy { decoupled: true }\n", "model_transaction_policy.decoupled"),
     "openvino": ('optimization { execution_accelerators { cpu_execution_accelerator: [ { name: "openvino" } ] } }\n',

@@ -170,7 +170,7 @@ def test_job_factory_chooses_by_mode_and_by_the_provider_obtained(models):
     strings = OnnxRunner(str(models["strings"]))
     entry = SimpleNamespace(feeds=feeds_for(runner, 1, 0), batch_size=1)
     batch = SimpleNamespace(entries=[entry])
-    spec = SimpleNamespace(input_order=["INPUT"], output_order=["OUTPUT"])
+    spec = SimpleNamespace(input_order=["INPUT"], output_order=["OUTPUT"], sequence=None)
     lane = SimpleNamespace(lane_id="cpu.0")
     backend = NumpyBackend()
     assert type(JobFactory(backend)(runner, batch, spec, lane)) is BatchJob  # auto: GPU sessions only

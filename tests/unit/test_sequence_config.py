@@ -1,0 +1,105 @@
+"""sequence_batching read from config.pbtxt (core/sequence_config.py): the controls and states a sequence model's
+runs get, the tensors kept out of its client-facing inputs and outputs, and the configs refused with a message
+naming what is wrong."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gt_serve.backends.onnx_runner import GraphTensor
+from gt_serve.core.model_config import complete_config, parse_pbtxt, spec_from_config
+from gt_serve.core.model_host import batching_from_config
+from gt_serve.errors import ConfigError, PathNotAllowed
+from gt_serve.testing import model_builders as mb
+
+GRAPH_IN = [GraphTensor("INPUT", "FP32", (-1, 4)), GraphTensor("STATE_IN", "FP32", (-1, 4)),
+            GraphTensor("START", "FP32", (-1, 1)), GraphTensor("END", "FP32", (-1, 1)),
+            GraphTensor("READY", "FP32", (-1, 1)), GraphTensor("CORRID", "UINT64", (-1, 1))]
+GRAPH_OUT = [GraphTensor("OUTPUT", "FP32", (-1, 4)), GraphTensor("STATE_OUT", "FP32", (-1, 4)),
+             GraphTensor("FLAGS", "FP32", (-1, 3)), GraphTensor("CORRID_OUT", "INT64", (-1, 1))]
+CONFIG = mb.ACCUMULATOR_CONFIG % (5000, "TYPE_UINT64")
+
+
+def _spec(text: str, model_dir: Path = Path("/nonexistent/m")):
+    cfg = complete_config(parse_pbtxt(text, "test"), "m", GRAPH_IN, GRAPH_OUT, "max_batch_size" in text)
+    return cfg, spec_from_config(cfg, model_dir)
+
+
+def test_controls_and_states_are_the_servers_and_not_the_clients():
+    cfg, spec = _spec(CONFIG)
+    assert spec.input_order == ("INPUT",)
+    assert spec.output_order == ("OUTPUT", "FLAGS", "CORRID_OUT")
+    seq = spec.sequence
+    assert seq.idle_ns == 5_000_000
+    assert [(c.name, c.flag, c.datatype, c.false_true) for c in seq.controls] == [
+        ("START", "start", "FP32", (0.0, 1.0)), ("END", "end", "FP32", (0.0, 1.0)),
+        ("READY", "ready", "FP32", (0.0, 1.0)), ("CORRID", "corrid", "UINT64", ())]
+    (state,) = seq.states
+    assert (state.input_name, state.output_name, state.variable) == ("STATE_IN", "STATE_OUT", False)
+    assert state.initial.shape == (1, 4) and not state.initial.any()
+    assert seq.hidden_outputs == ("STATE_OUT",)
+    assert cfg.HasField("sequence_batching") and not cfg.HasField("dynamic_batching")
+    batch, _, _, _ = batching_from_config(cfg, {})
+    assert (batch.max_batch_size, batch.max_queue_delay_s) == (8, 0.0002)  # the oldest strategy's queue delay
+
+
+def test_a_state_output_listed_as_an_output_stays_the_clients():
+    _, spec = _spec(CONFIG + 'output [ { name: "STATE_OUT" } ]')
+    assert "STATE_OUT" in spec.output_order and spec.sequence.hidden_outputs == ()
+
+
+def test_defaults_an_idle_second_and_a_variable_states_first_shape_of_ones():
+    text = CONFIG.replace("max_sequence_idle_microseconds: 5000", "").replace("dims: [ 4 ]", "dims: [ -1 ]")
+    _, spec = _spec(text.replace("oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 200 }", ""))
+    assert spec.sequence.idle_ns == 1_000_000_000
+    assert spec.sequence.states[0].initial.shape == (1, 1) and spec.sequence.states[0].variable
+
+
+def test_an_initial_state_from_a_file_under_initial_state(tmp_path):
+    (tmp_path / "initial_state").mkdir()
+    (tmp_path / "initial_state" / "start.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    init = 'initial_state: { data_type: TYPE_FP32 dims: [ 4 ] data_file: "start.bin" name: "s" } }'
+    _, spec = _spec(CONFIG.replace("dims: [ 4 ] }", "dims: [ 4 ] " + init), tmp_path)
+    assert spec.sequence.states[0].initial.tolist() == [[0.0, 1.0, 2.0, 3.0]]
+    with pytest.raises(PathNotAllowed):
+        _spec(CONFIG.replace("dims: [ 4 ] }", "dims: [ 4 ] " + init.replace("start.bin", "../../x")), tmp_path)
+
+
+@pytest.mark.parametrize("change, named", [
+    (("fp32_false_true: [ 0, 1 ] } ] },\n    { name: \"END\"", "fp32_false_true: [ 1 ] } ] },\n    { name: \"END\""),
+     "needs exactly one of int32_false_true"),
+    (('name: "READY"', 'name: "NOPE"'), "control input 'NOPE' is not in the ONNX graph"),
+    (("data_type: TYPE_UINT64", "data_type: TYPE_FP32"), "needs data_type TYPE_UINT64"),
+    (("data_type: TYPE_UINT64", "data_type: TYPE_INT64"), "'CORRID' is INT64 in the config but UINT64"),
+    (("CONTROL_SEQUENCE_END", "CONTROL_SEQUENCE_START"), "more than one control input of kind start"),
+    (('output_name: "STATE_OUT"', 'output_name: "OUTPUT_X"'), "state output 'OUTPUT_X' is not in the ONNX graph"),
+    (("data_type: TYPE_FP32 dims: [ 4 ]", "data_type: TYPE_INT32 dims: [ 4 ]"), "'STATE_IN' is INT32 in the config"),
+    (("dims: [ 4 ] }", "dims: [ 0 ] }"), "needs a numeric data_type and dims"),
+    (("sequence_batching {", "sequence_batching {\n  iterative_sequence: true"),
+     "sequence_batching.iterative_sequence"),
+    (("oldest {", "oldest { preserve_ordering: true "), "sequence_batching.oldest.preserve_ordering"),
+])
+def test_a_wrong_sequence_config_fails_the_load_naming_the_problem(change, named):
+    assert change[0] in CONFIG
+    with pytest.raises(ConfigError, match=named.replace("[", r"\[")):
+        _spec(CONFIG.replace(*change))
+
+
+def test_a_control_listed_as_a_client_input_is_refused():
+    with pytest.raises(ConfigError, match="control input 'START' is also in the config's input list"):
+        _spec(CONFIG + 'input [ { name: "START" } ]')
+
+
+def test_a_control_of_the_wrong_rank_is_refused():
+    graph = [g if g.name != "READY" else GraphTensor("READY", "FP32", (-1,)) for g in GRAPH_IN]
+    with pytest.raises(ConfigError, match=r"control input 'READY' has shape \[-1\]"):
+        complete_config(parse_pbtxt(CONFIG, "test"), "m", graph, GRAPH_OUT, True)
+
+
+def test_warmup_with_controls_is_refused_as_unsupported():
+    warm = ('model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT" value: { data_type: TYPE_FP32 '
+            'dims: [ 4 ] zero_data: true } } } ]')
+    with pytest.raises(ConfigError, match="model_warmup is not supported with sequence_batching"):
+        _spec(CONFIG + warm)
