@@ -85,6 +85,27 @@ def accumulator(path: Path, width: int = 4, corrid: str = "UINT64", echo: bool =
     _save(helper.make_graph(nodes, "accumulator", inputs, outputs, initializer=[one]), path)
 
 
+def growing(path: Path) -> None:
+    """A sequence model whose implicit state grows: FP32 INPUT [B, 1], state STATE_IN [B, -1] -> STATE_OUT = STATE_IN
+    with INPUT appended, OUTPUT [B, 1] = its sum (with config GROWING_CONFIG: the sum of the sequence's inputs)."""
+    from onnx import TensorProto, helper
+
+    fp = TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info("INPUT", fp, ["batch", 1]),
+              helper.make_tensor_value_info("STATE_IN", fp, ["batch", "steps"])]
+    outputs = [helper.make_tensor_value_info("OUTPUT", fp, ["batch", 1]),
+               helper.make_tensor_value_info("STATE_OUT", fp, ["batch", "steps_out"])]
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    nodes = [helper.make_node("Concat", ["STATE_IN", "INPUT"], ["STATE_OUT"], axis=1),
+             helper.make_node("ReduceSum", ["STATE_OUT", "axes"], ["OUTPUT"], keepdims=1)]
+    _save(helper.make_graph(nodes, "growing", inputs, outputs, initializer=[axes]), path)
+
+
+GROWING_CONFIG = """max_batch_size: 8
+sequence_batching { state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP32 dims: [ -1 ] } ] }
+"""
+
+
 ACCUMULATOR_CONFIG = """max_batch_size: 8
 sequence_batching {
   max_sequence_idle_microseconds: %d

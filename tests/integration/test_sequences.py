@@ -27,6 +27,8 @@ def server(tmp_path_factory):
                                   ("acc_idle", 1, "UINT64")):
         mb.accumulator(repo / name / "1" / "model.onnx", width=WIDTH, corrid=corrid)
         (repo / name / "config.pbtxt").write_text(mb.ACCUMULATOR_CONFIG % (idle_us, f"TYPE_{corrid}"))
+    mb.growing(repo / "grow" / "1" / "model.onnx")
+    (repo / "grow" / "config.pbtxt").write_text(mb.GROWING_CONFIG)
     srv = start_server(repo, tmp_path_factory.mktemp("srv_sequences"))
     try:
         yield srv
@@ -155,3 +157,31 @@ def test_a_sequence_idle_past_its_limit_is_dropped(server):
     result = client.infer("acc_idle", [_input(httpclient, 5)], sequence_id=31, sequence_start=True)
     assert result.as_numpy("OUTPUT").tolist() == [[5.0] * WIDTH]  # a new start: the initial state
     assert "sequence(s) idle for over 1 us dropped" in server.log()
+
+
+def test_states_of_several_shapes_at_once(server):
+    """grow's state gains a column a request: sequences at different steps, on one stream at once, each get their
+    own state (rows of different state shapes are never packed together)."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    sent = {41: [1, 2, 3, 4, 5, 6], 42: [10, 20, 30], 43: [7]}
+    try:
+        for step in range(6):
+            for sid, values in sent.items():
+                if step < len(values):
+                    tensor = grpcclient.InferInput("INPUT", [1, 1], "FP32")
+                    tensor.set_data_from_numpy(np.array([[values[step]]], dtype=np.float32))
+                    client.async_stream_infer("grow", [tensor], sequence_id=sid, sequence_start=step == 0,
+                                              sequence_end=step == len(values) - 1, request_id=f"{sid}-{step}")
+        got = {}
+        for _ in range(sum(len(v) for v in sent.values())):
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            got[result.get_response().id] = float(result.as_numpy("OUTPUT")[0, 0])
+    finally:
+        client.stop_stream()
+    for sid, values in sent.items():
+        assert [got[f"{sid}-{step}"] for step in range(len(values))] == np.cumsum(values).tolist()
+    stats = httpclient.InferenceServerClient(server.http_url).get_inference_statistics("grow")["model_stats"][0]
+    assert stats["inference_stats"]["fail"]["count"] == 0
