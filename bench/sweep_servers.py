@@ -128,7 +128,7 @@ def check_outputs(served: Served, remedy: str = "") -> None:
     each binary output `binary_data_size` = its elements x its datatype's size. Else RuntimeError naming the model,
     the output and `remedy`. (Triton 2.51's Python backend stub answers with every output empty, `binary_data_size`
     0, when its venv has NumPy 2: its figures would be of a server that sends no outputs.) Models with a BYTES input
-    or output are not checked."""
+    or output are not checked; a sequence model's request is a whole sequence (start and end)."""
     base = f"http://127.0.0.1:{served.http_port}/v2"
     with LOOPBACK.open(urllib.request.Request(f"{base}/repository/index", data=b"{}"), timeout=30) as r:
         models = [m["name"] for m in json.load(r) if m.get("state") == "READY"]
@@ -144,7 +144,11 @@ def check_outputs(served: Served, remedy: str = "") -> None:
             inputs.append({"name": t["name"], "shape": shape, "datatype": t["datatype"],
                            "parameters": {"binary_data_size": size}})
             blobs.append(bytes(size))
-        head = json.dumps({"inputs": inputs, "parameters": {"binary_data_output": True}}).encode()
+        parameters = {"binary_data_output": True}
+        with LOOPBACK.open(f"{base}/models/{name}/config", timeout=30) as r:
+            if json.load(r).get("sequence_batching"):  # a sequence model: a sequence of this one request
+                parameters.update(sequence_id=1, sequence_start=True, sequence_end=True)
+        head = json.dumps({"inputs": inputs, "parameters": parameters}).encode()
         req = urllib.request.Request(f"{base}/models/{name}/infer", data=head + b"".join(blobs),
                                      headers={"Inference-Header-Content-Length": str(len(head)),
                                               "Content-Type": "application/octet-stream"})

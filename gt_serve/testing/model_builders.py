@@ -106,6 +106,29 @@ sequence_batching { state [ { input_name: "STATE_IN" output_name: "STATE_OUT" da
 """
 
 
+def rnn_cell(path: Path, features: int = 64, hidden: int = 256, classes: int = 32, seed: int = 0) -> None:
+    """One step of a recurrent network, a stateful model of the kind streaming audio runs: FP32 INPUT [B, features]
+    (a frame), START [B, 1], state STATE_IN [B, hidden] -> STATE_OUT = tanh(INPUT Wx + (1 - START) STATE_IN Wh + b),
+    OUTPUT [B, classes] = STATE_OUT Wo."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    fp = TensorProto.FLOAT
+    inits = [_init((rng.standard_normal((rows, cols)) / np.sqrt(rows)).astype(np.float32), name)
+             for name, rows, cols in (("Wx", features, hidden), ("Wh", hidden, hidden), ("Wo", hidden, classes))]
+    inits += [_init(np.zeros(hidden, dtype=np.float32), "b"), _init(np.ones(1, dtype=np.float32), "one")]
+    inputs = [helper.make_tensor_value_info("INPUT", fp, ["batch", features]),
+              helper.make_tensor_value_info("STATE_IN", fp, ["batch", hidden]),
+              helper.make_tensor_value_info("START", fp, ["batch", 1])]
+    outputs = [helper.make_tensor_value_info("OUTPUT", fp, ["batch", classes]),
+               helper.make_tensor_value_info("STATE_OUT", fp, ["batch", hidden])]
+    nodes = [_node("Sub", ["one", "START"], ["keep"]), _node("Mul", ["STATE_IN", "keep"], ["h0"]),
+             _node("MatMul", ["INPUT", "Wx"], ["x"]), _node("MatMul", ["h0", "Wh"], ["h"]),
+             _node("Add", ["x", "h"], ["xh"]), _node("Add", ["xh", "b"], ["pre"]),
+             _node("Tanh", ["pre"], ["STATE_OUT"]), _node("MatMul", ["STATE_OUT", "Wo"], ["OUTPUT"])]
+    _save(helper.make_graph(nodes, "rnn_cell", inputs, outputs, initializer=inits), path)
+
+
 ACCUMULATOR_CONFIG = """max_batch_size: 8
 sequence_batching {
   max_sequence_idle_microseconds: %d
