@@ -193,14 +193,14 @@ class DataPlane:
                     outputs = await executor.submit(feeds, batch_size, shape_key, request.priority, deadline_s)
                 else:  # traced: the batch it runs in notes its queue and compute times on the trace
                     outputs = await executor.submit(feeds, batch_size, shape_key, request.priority,
-                                                          deadline_s, trace)
+                                                    deadline_s, trace)
                 response_outputs = make_outputs(model, outputs, requested, self._shm)
             else:
                 traced = () if trace is None else (trace,)
 
                 async def run():
                     outputs = await executor.submit(feeds, batch_size, shape_key, request.priority,
-                                                          deadline_s, *traced)
+                                                    deadline_s, *traced)
                     return make_outputs(model, outputs, requested, self._shm)
 
                 response_outputs = await serve_cached(self._response_cache, model, request, requested, start_ns, run)

@@ -57,16 +57,13 @@ class SequenceBook:
         self._live: dict[Any, _Sequence] = {}
         self._swept_ns = 0
 
-    @property
-    def live(self) -> int:
-        return len(self._live)
-
     def call(self, request: InferRequest, batch_size: int) -> SequenceCall:
         """Take `request` in its sequence (checked now, in arrival order); its `submit` runs it."""
         sid, start, end = self._flags(request)
         if batch_size > 1:
             raise InvalidArgument(f"inference request to model '{self.name}' must specify batch-size 1 due to "
                                   "requirements of sequence batcher")
+        controls = self.controls(sid, start, end)  # a correlation ID its CORRID cannot hold is refused here
         now_ns = _now_ns()
         self._sweep(now_ns)
         seq = self._live.get(sid)
@@ -82,7 +79,7 @@ class SequenceBook:
         seq.tail, seq.last_ns = done, now_ns
         if end:
             del self._live[sid]
-        return SequenceCall(self, seq, sid, start, end, prev, done)
+        return SequenceCall(self, seq, controls, start, end, prev, done)
 
     def _flags(self, request: InferRequest) -> tuple[Any, bool, bool]:
         p = request.parameters
@@ -124,11 +121,11 @@ class SequenceBook:
 class SequenceCall:
     """One request taken in its sequence: `submit` (the executor's signature) runs it after the one before."""
 
-    __slots__ = ("book", "seq", "sid", "start", "end", "prev", "done")
+    __slots__ = ("book", "seq", "controls", "start", "end", "prev", "done")
 
-    def __init__(self, book: SequenceBook, seq: _Sequence, sid: Any, start: bool, end: bool,
+    def __init__(self, book: SequenceBook, seq: _Sequence, controls: dict, start: bool, end: bool,
                  prev: asyncio.Future | None, done: asyncio.Future) -> None:
-        self.book, self.seq, self.sid, self.start, self.end = book, seq, sid, start, end
+        self.book, self.seq, self.controls, self.start, self.end = book, seq, controls, start, end
         self.prev, self.done = prev, done
 
     async def submit(self, feeds: dict, batch_size: int, shape_key: tuple, priority: int = 0,
@@ -140,7 +137,7 @@ class SequenceCall:
                 await asyncio.shield(prev)
             prev = None  # finished: this request's end releases the next at once
             book, seq = self.book, self.seq
-            feeds = {**feeds, **book.controls(self.sid, self.start, self.end)}
+            feeds = {**feeds, **self.controls}
             states = book.settings.states
             held = None if self.start else seq.states
             for i, state in enumerate(states):

@@ -142,6 +142,8 @@ def test_what_triton_refuses_is_refused_in_its_words(server, module):
             client.infer("acc", [_input(module, 1, rows)], **kwargs)
         assert message in str(info.value)
         assert "400" in str(info.value) or "INVALID_ARGUMENT" in str(info.value)
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):  # no refused START began one
+        client.infer("acc", [_input(module, 1)], sequence_id=23)
     result = client.infer("acc", [_input(module, 2)], sequence_id=21, sequence_end=True)
     assert result.as_numpy("OUTPUT").tolist() == [[3.0] * WIDTH]  # its state untouched by the refusals
     with pytest.raises(InferenceServerException, match="must specify the START flag"):  # ended
