@@ -117,6 +117,18 @@ def sequence_settings(cfg: mc.ModelConfig, model_dir: Path) -> SequenceSettings 
                             tuple(s.output_name for s in sb.state if s.output_name in hidden))
 
 
+def hidden_feeds(settings: SequenceSettings, rows: int | None) -> dict[str, np.ndarray]:
+    """What the sequence batcher feeds a batch of `rows` START rows (None: a model that does not batch): each control
+    false (CORRID 0), each state its initial one. The tiny-model probe's (core/tiny_models.py)."""
+    batch = (rows, 1) if rows else (1,)
+    feeds = {c.name: np.full(batch, b"0" if c.datatype == "BYTES" else (c.false_true or (0,))[0],
+                             dtype=object if c.datatype == "BYTES" else numpy_dtype(c.datatype))
+             for c in settings.controls}
+    for s in settings.states:
+        feeds[s.input_name] = np.repeat(s.initial, rows, axis=0) if rows else s.initial
+    return feeds
+
+
 def batching(cfg: mc.ModelConfig) -> tuple[float, tuple[int, ...]] | None:
     """(queue delay in seconds, preferred batch sizes) of a sequence model's strategy (Triton's direct or oldest
     block), as batching_from_config takes them from dynamic_batching; None for a model without sequence_batching."""

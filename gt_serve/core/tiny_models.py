@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..datatypes import numpy_dtype
+from .sequence_config import hidden_feeds
 
 TINY_RUN_NS = 100_000  # lanes.tiny_run_us's default: the largest batch's quickest run (the lane plan's threads)
 PROBE_RUNS = 3
@@ -39,6 +40,8 @@ def probe_feeds(spec: Any, rows: int | None = None) -> dict[str, np.ndarray] | N
         if tensor.datatype == "BYTES" or any(d < 0 for d in dims):
             return None
         feeds[name] = np.zeros(batch + dims, dtype=numpy_dtype(tensor.datatype))
+    if feeds and spec.sequence is not None:  # a sequence model's controls and states, as its requests get them
+        feeds.update(hidden_feeds(spec.sequence, batch[0] if batch else None))
     return feeds or None
 
 

@@ -10,7 +10,10 @@ import pytest
 
 from gt_serve.backends.onnx_runner import GraphTensor
 from gt_serve.core.model_config import complete_config, parse_pbtxt, spec_from_config
+from gt_serve.backends.onnx_runner import OnnxRunner
 from gt_serve.core.model_host import batching_from_config
+from gt_serve.core.sequence_config import Control, SequenceSettings, hidden_feeds
+from gt_serve.core.tiny_models import probe_feeds, probe_ns
 from gt_serve.errors import ConfigError, PathNotAllowed
 from gt_serve.testing import model_builders as mb
 
@@ -103,3 +106,15 @@ def test_warmup_with_controls_is_refused_as_unsupported():
             'dims: [ 4 ] zero_data: true } } } ]')
     with pytest.raises(ConfigError, match="model_warmup is not supported with sequence_batching"):
         _spec(CONFIG + warm)
+
+
+def test_the_tiny_model_probe_feeds_a_sequence_model_its_controls_and_states(tmp_path):
+    _, spec = _spec(CONFIG)
+    feeds = probe_feeds(spec)
+    assert {n: (a.shape, a.dtype.name) for n, a in feeds.items()} == {
+        "INPUT": ((8, 4), "float32"), "START": ((8, 1), "float32"), "END": ((8, 1), "float32"),
+        "READY": ((8, 1), "float32"), "CORRID": ((8, 1), "uint64"), "STATE_IN": ((8, 4), "float32")}
+    mb.accumulator(tmp_path / "model.onnx")
+    assert probe_ns(OnnxRunner(str(tmp_path / "model.onnx")), spec) is not None  # the probe runs: it may be tiny
+    strings = SequenceSettings(1, (Control("CORRID", "corrid", "BYTES"),), (), ())
+    assert hidden_feeds(strings, 2)["CORRID"].tolist() == [[b"0"]] * 2

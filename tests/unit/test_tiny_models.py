@@ -16,7 +16,7 @@ from gt_serve.types import TensorSpec
 
 
 def spec(mbs: int = 8, **inputs) -> SimpleNamespace:
-    return SimpleNamespace(max_batch_size=mbs, output_order=("OUTPUT",),
+    return SimpleNamespace(max_batch_size=mbs, output_order=("OUTPUT",), sequence=None,
                            inputs={n: TensorSpec(n, dt, dims) for n, (dt, dims) in inputs.items()})
 
 
