@@ -150,6 +150,9 @@ def _control(ci, where: str) -> Control:
             raise ConfigError(f"{where}: control input '{ci.name}' (CONTROL_SEQUENCE_CORRID) needs data_type "
                               "TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING")
         return Control(ci.name, "corrid", datatype)
+    if c.kind not in _FLAGS:
+        raise ConfigError(f"{where}: control input '{ci.name}' has kind {c.kind}, which is not implemented "
+                          "(START, END, READY and CORRID are)")
     given = [(values, datatype) for values, datatype in ((c.int32_false_true, "INT32"), (c.fp32_false_true, "FP32"),
                                                          (c.bool_false_true, "BOOL")) if len(values)]
     if len(given) != 1 or len(given[0][0]) != 2:

@@ -33,12 +33,13 @@ _now_ns = time.monotonic_ns
 
 
 class _Sequence:
-    __slots__ = ("tail", "states", "last_ns")
+    __slots__ = ("tail", "states", "last_ns", "corrid")
 
-    def __init__(self, tail: asyncio.Future | None, now_ns: int) -> None:
+    def __init__(self, tail: asyncio.Future | None, now_ns: int, corrid: dict) -> None:
         self.tail = tail  # the done-future of its last request taken in: the next request waits for it
         self.states: list | None = None  # what its last request returned, in the settings' state order
         self.last_ns = now_ns
+        self.corrid = corrid  # its CORRID control's feed (none without one), made once at its START
 
 
 class SequenceBook:
@@ -54,6 +55,9 @@ class SequenceBook:
         self.state_at = tuple(order.index(s.output_name) if s.output_name in order
                               else len(order) + hidden.index(s.output_name) for s in self.settings.states)
         self._row = (1, 1) if spec.max_batch_size > 0 else (1,)
+        # the START, END and READY controls' feeds by (start, end), made once (read-only: packed or fed as they are)
+        self._flags_feeds = {(start, end): self._flag_feeds(start, end) for start in (False, True)
+                             for end in (False, True)}
         self._live: dict[Any, _Sequence] = {}
         self._swept_ns = 0
 
@@ -63,15 +67,15 @@ class SequenceBook:
         if batch_size > 1:
             raise InvalidArgument(f"inference request to model '{self.name}' must specify batch-size 1 due to "
                                   "requirements of sequence batcher")
-        controls = self.controls(sid, start, end)  # a correlation ID its CORRID cannot hold is refused here
         now_ns = _now_ns()
         self._sweep(now_ns)
         seq = self._live.get(sid)
         if start:
+            corrid = self._corrid_feeds(sid)  # a correlation ID its CORRID cannot hold is refused before it starts
             if seq is not None:
                 log.warning("sequence %s for model '%s' has a conflict: the previous sequence did not end before this "
                             "start, and ends early", sid, self.name)
-            seq = self._live[sid] = _Sequence(None if seq is None else seq.tail, now_ns)
+            seq = self._live[sid] = _Sequence(None if seq is None else seq.tail, now_ns, corrid)
         elif seq is None:
             raise InvalidArgument(f"inference request for sequence {sid} to model '{self.name}' must specify the "
                                   "START flag on the first request of the sequence")
@@ -79,7 +83,8 @@ class SequenceBook:
         seq.tail, seq.last_ns = done, now_ns
         if end:
             del self._live[sid]
-        return SequenceCall(self, seq, controls, start, end, prev, done)
+        controls = self._flags_feeds[start, end]
+        return SequenceCall(self, seq, {**controls, **seq.corrid} if seq.corrid else controls, start, end, prev, done)
 
     def _flags(self, request: InferRequest) -> tuple[Any, bool, bool]:
         p = request.parameters
@@ -106,16 +111,18 @@ class SequenceBook:
         if gone:
             log.info("model '%s': %d sequence(s) idle for over %d us dropped", self.name, len(gone), idle_ns // 1000)
 
-    def controls(self, sid: Any, start: bool, end: bool) -> dict:
-        """The control inputs of one request (one row)."""
+    def _flag_feeds(self, start: bool, end: bool) -> dict:
+        """The START, END and READY controls of a request (one row) with these flags."""
         feeds = {}
         for c in self.settings.controls:
-            if c.flag == "corrid":
-                feeds[c.name] = _corrid(sid, c.datatype, self._row, c.name, self.name)
-            else:
+            if c.flag != "corrid":
                 on = {"start": start, "end": end, "ready": True}[c.flag]
-                feeds[c.name] = np.full(self._row, c.false_true[1 if on else 0], dtype=numpy_dtype(c.datatype))
+                feeds[c.name] = _frozen(np.full(self._row, c.false_true[1 if on else 0], dtype=numpy_dtype(c.datatype)))
         return feeds
+
+    def _corrid_feeds(self, sid: Any) -> dict:
+        return {c.name: _frozen(_corrid(sid, c.datatype, self._row, c.name, self.name))
+                for c in self.settings.controls if c.flag == "corrid"}
 
 
 class SequenceCall:
@@ -159,6 +166,11 @@ def _release(done: asyncio.Future, prev: asyncio.Future | None) -> None:
             done.set_result(None)
     else:
         prev.add_done_callback(lambda _: done.done() or done.set_result(None))
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
 
 
 def _corrid(sid: Any, datatype: str, row: tuple, control: str, model: str) -> np.ndarray:

@@ -90,6 +90,13 @@ def test_a_wrong_sequence_config_fails_the_load_naming_the_problem(change, named
         _spec(CONFIG.replace(*change))
 
 
+def test_a_control_kind_not_implemented_is_refused():
+    cfg = parse_pbtxt(CONFIG, "test")
+    cfg.sequence_batching.control_input[0].control[0].kind = 9  # a kind a later tritonclient might add
+    with pytest.raises(ConfigError, match="control input 'START' has kind 9, which is not implemented"):
+        complete_config(cfg, "m", GRAPH_IN, GRAPH_OUT, True)
+
+
 def test_a_control_listed_as_a_client_input_is_refused():
     with pytest.raises(ConfigError, match="control input 'START' is also in the config's input list"):
         _spec(CONFIG + 'input [ { name: "START" } ]')
