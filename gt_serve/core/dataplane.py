@@ -63,7 +63,7 @@ from .pipeline import Pipeline, PipelineSet
 from .registry import READY, LoadedModel, ModelRegistry
 from .request_checks import check_inputs, check_outputs, check_region, check_request, read_shm_input
 from .response_cache import ResponseCache, serve_cached
-from .sequences import sequence_call
+from .sequences import held_here, sequence_call
 from .shared_memory import CudaSharedMemory, SystemSharedMemory
 from .trace_context import RequestTrace
 from .worker_stats import merge_statistics
@@ -164,7 +164,7 @@ class DataPlane:
             return await self._infer_ensemble(ensemble, request)
         visited = request.parameters.pop(VISITED_PARAMETER, None)
         fleet = self._fleet
-        if fleet is not None and fleet.routes(request):
+        if fleet is not None and fleet.routes(request) and not held_here(self._registry, request):
             registry = self._registry
             return await fleet.serve(request, parse_visited(visited),
                                      local=lambda: self._infer_here(request, trace),

@@ -69,7 +69,7 @@ class FleetLink:
 
 
 def forwardable(request: InferRequest) -> bool:
-    """Requests that touch this node's shared memory, or belong to a sequence (its state is here), are served here."""
-    if any(t.data is None for t in request.inputs) or "sequence_id" in request.parameters:
+    """Requests that touch this node's shared memory must be served here."""
+    if any(t.data is None for t in request.inputs):
         return False
     return not any(o.in_shared_memory for o in (request.outputs or ()))

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..datatypes import numpy_dtype
-from ..errors import InvalidArgument
+from ..errors import GtServeError, InvalidArgument
 from ..types import InferRequest
 from .sequence_config import SequenceSettings
 
@@ -185,6 +185,18 @@ def _corrid(sid: Any, datatype: str, row: tuple, control: str, model: str) -> np
         raise InvalidArgument(f"sequence_id {sid} does not fit {datatype}, the type of model '{model}''s correlation "
                               f"ID (control input '{control}')")
     return np.full(row, sid, dtype=dtype)
+
+
+def held_here(registry: Any, request: InferRequest) -> bool:
+    """Whether `request` is of a sequence of a sequence model loaded here, whose state is here: the fleet does not
+    route it (a stateless model's request that names a sequence is routed as any)."""
+    if "sequence_id" not in request.parameters:
+        return False
+    try:
+        model = registry.get(request.model_name, request.model_version)
+    except GtServeError:
+        return False
+    return model.spec.sequence is not None
 
 
 def sequence_call(model: Any, request: InferRequest, batch_size: int) -> SequenceCall:

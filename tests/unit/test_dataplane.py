@@ -25,6 +25,7 @@ from gt_serve.core.node_view import NodeView
 from gt_serve.core.outlier import OutlierDetector
 from gt_serve.core.registry import ModelRegistry, Opened
 from gt_serve.core.router import Router
+from gt_serve.core.sequences import held_here
 from gt_serve.core.shared_memory import SystemSharedMemory
 from gt_serve.edge.messages import Caps, Status, Telemetry
 from gt_serve.errors import (
@@ -314,6 +315,23 @@ async def test_hop_limit_and_shared_memory_keep_a_request_here(tmp_path):
     with pytest.raises(InvalidArgument, match="r0"):  # checked here: this node's region table has no 'r0'
         await plane.infer(request(outputs=[shm_out]))
     assert len(registry.get("scaled").executor.calls) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_sequence_stays_where_its_state_is_and_a_stateless_request_naming_one_is_routed(tmp_path):
+    link = FleetLink(max_hops=2)
+    link.connect(peer_fleet(), FakePeers())
+    plane, registry, _ = await make_plane(tmp_path, fleet=link)
+    async with asyncio.timeout(BOUND_S):
+        resp = await plane.infer(request(parameters={"sequence_id": 7, "sequence_start": True}))
+    assert resp.parameters["gt_served_by"] == "b"  # 'scaled' keeps no state: routed as any request is
+    mb.accumulator(tmp_path / "acc" / "1" / "model.onnx")
+    (tmp_path / "acc" / "config.pbtxt").write_text(mb.ACCUMULATOR_CONFIG % (1_000_000, "TYPE_UINT64"))
+    await registry.load("acc")
+    assert held_here(registry, InferRequest("acc", parameters={"sequence_id": 7}))
+    assert not held_here(registry, InferRequest("acc"))  # no sequence named: the model's own error, here or there
+    assert not held_here(registry, InferRequest("scaled", parameters={"sequence_id": 7}))
+    assert not held_here(registry, InferRequest("elsewhere", parameters={"sequence_id": 7}))  # a peer's to serve
 
 
 # ------------------------------------------------------------------------------- model control
