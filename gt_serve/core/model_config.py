@@ -184,9 +184,10 @@ def spec_from_config(cfg: mc.ModelConfig, model_dir: Path) -> ModelSpec:
                                    bool(getattr(t, "optional", False))) for t in tensors}
 
     labels = {out.name: read_labels(model_dir, out.label_filename, cfg.name) for out in cfg.output if out.label_filename}
+    sequence = sequence_settings(cfg, model_dir)
     return ModelSpec(cfg.name, int(cfg.max_batch_size), specs(cfg.input), specs(cfg.output),
                      tuple(t.name for t in cfg.input), tuple(t.name for t in cfg.output), labels,
-                     session_settings(cfg), warmup_samples(cfg, model_dir), sequence_settings(cfg, model_dir))
+                     session_settings(cfg), warmup_samples(cfg, model_dir, sequence), sequence)
 
 
 def read_labels(model_dir: Path, label_filename: str, model: str) -> list[str]:

@@ -118,15 +118,21 @@ def sequence_settings(cfg: mc.ModelConfig, model_dir: Path) -> SequenceSettings 
 
 
 def hidden_feeds(settings: SequenceSettings, rows: int | None) -> dict[str, np.ndarray]:
-    """What the sequence batcher feeds a batch of `rows` START rows (None: a model that does not batch): each control
-    false (CORRID 0), each state its initial one. The tiny-model probe's (core/tiny_models.py)."""
+    """What the sequence batcher feeds `rows` sequences' first requests (None: a model that does not batch): START and
+    READY true, END false, CORRID 0, each state its initial one. The tiny-model probe's (core/tiny_models.py) and the
+    warm-up's (core/warmup.py)."""
     batch = (rows, 1) if rows else (1,)
-    feeds = {c.name: np.full(batch, b"0" if c.datatype == "BYTES" else (c.false_true or (0,))[0],
-                             dtype=object if c.datatype == "BYTES" else numpy_dtype(c.datatype))
+    feeds = {c.name: np.full(batch, _first_value(c), dtype=object if c.datatype == "BYTES" else numpy_dtype(c.datatype))
              for c in settings.controls}
     for s in settings.states:
         feeds[s.input_name] = np.repeat(s.initial, rows, axis=0) if rows else s.initial
     return feeds
+
+
+def _first_value(c: Control):
+    if c.flag == "corrid":
+        return b"0" if c.datatype == "BYTES" else 0
+    return c.false_true[0 if c.flag == "end" else 1]
 
 
 def batching(cfg: mc.ModelConfig) -> tuple[float, tuple[int, ...]] | None:

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..datatypes import array_from_raw, element_count, numpy_dtype
+from ..datatypes import array_from_raw, element_count, numpy_dtype, raw_from_array
 from ..errors import ConfigError, DeviceOutOfMemory, GtServeError, InvalidArgument
 from .repository_paths import confine, shown
+from .sequence_config import SequenceSettings, hidden_feeds
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +50,24 @@ class WarmupSample:
         return {i.name: _array(i, rng) for i in self.inputs}
 
 
-def warmup_samples(cfg: mc.ModelConfig, model_dir: Path) -> tuple[WarmupSample, ...]:
-    """The config's warmup samples, checked against its (completed) inputs."""
-    sb = cfg.sequence_batching
-    if cfg.model_warmup and (sb.control_input or sb.state):
-        raise ConfigError(f"model '{cfg.name}': model_warmup is not supported with sequence_batching control inputs "
-                          "or states (the sequence batcher fills them for each request)")
-    return tuple(_sample(cfg, w, model_dir) for w in cfg.model_warmup)
+def warmup_samples(cfg: mc.ModelConfig, model_dir: Path,
+                   sequence: SequenceSettings | None = None) -> tuple[WarmupSample, ...]:
+    """The config's warmup samples, checked against its (completed) inputs; a sequence model's (`sequence`) with the
+    controls and states its batcher feeds a sequence's first requests (`hidden_feeds`), which a sample does not name
+    (they are not the model's inputs to a client)."""
+    samples = tuple(_sample(cfg, w, model_dir) for w in cfg.model_warmup)
+    if sequence is None:
+        return samples
+    return tuple(_with_hidden(s, sequence, cfg.max_batch_size > 0) for s in samples)
+
+
+def _with_hidden(sample: WarmupSample, sequence: SequenceSettings, batched: bool) -> WarmupSample:
+    rows = sample.inputs[0].shape[0] if batched and sample.inputs else (1 if batched else None)
+    datatypes = {c.name: c.datatype for c in sequence.controls} | {s.input_name: s.datatype for s in sequence.states}
+    hidden = tuple(WarmupInput(name, datatypes[name], array.shape, "file",
+                               bytes(raw_from_array(array, datatypes[name])))
+                   for name, array in hidden_feeds(sequence, rows).items())
+    return WarmupSample(sample.name, sample.count, sample.inputs + hidden)
 
 
 def _sample(cfg: mc.ModelConfig, warmup, model_dir: Path) -> WarmupSample:

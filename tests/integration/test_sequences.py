@@ -18,6 +18,8 @@ from gt_serve.testing import model_builders as mb
 from tests.conftest import start_server
 
 WIDTH = 4
+WARMUP = ('model_warmup [ { name: "frames" batch_size: 4 count: 3 inputs { key: "INPUT" value: '
+          '{ data_type: TYPE_FP32 dims: [ 4 ] random_data: true } } } ]\n')
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +29,8 @@ def server(tmp_path_factory):
                                   ("acc_idle", 1, "UINT64")):
         mb.accumulator(repo / name / "1" / "model.onnx", width=WIDTH, corrid=corrid)
         (repo / name / "config.pbtxt").write_text(mb.ACCUMULATOR_CONFIG % (idle_us, f"TYPE_{corrid}"))
+    mb.accumulator(repo / "acc_warm" / "1" / "model.onnx", width=WIDTH)
+    (repo / "acc_warm" / "config.pbtxt").write_text(mb.ACCUMULATOR_CONFIG % (60_000_000, "TYPE_UINT64") + WARMUP)
     mb.growing(repo / "grow" / "1" / "model.onnx")
     (repo / "grow" / "config.pbtxt").write_text(mb.GROWING_CONFIG)
     srv = start_server(repo, tmp_path_factory.mktemp("srv_sequences"))
@@ -187,3 +191,12 @@ def test_states_of_several_shapes_at_once(server):
         assert [got[f"{sid}-{step}"] for step in range(len(values))] == np.cumsum(values).tolist()
     stats = httpclient.InferenceServerClient(server.http_url).get_inference_statistics("grow")["model_stats"][0]
     assert stats["inference_stats"]["fail"]["count"] == 0
+
+
+def test_a_warmup_sample_names_the_clients_inputs_and_runs_before_ready(server):
+    """The server feeds a warm-up sample the controls and states of sequences' first requests."""
+    client = httpclient.InferenceServerClient(server.http_url)
+    stats = client.get_inference_statistics("acc_warm")["model_stats"][0]
+    assert stats["warmup"]["count"] >= 3 and stats["warmup"]["count"] % 3 == 0  # 3 runs on every lane
+    result = client.infer("acc_warm", [_input(httpclient, 2)], sequence_id=51, sequence_start=True, sequence_end=True)
+    assert result.as_numpy("OUTPUT").tolist() == [[2.0] * WIDTH]

@@ -14,6 +14,7 @@ from gt_serve.backends.onnx_runner import OnnxRunner
 from gt_serve.core.model_host import batching_from_config
 from gt_serve.core.sequence_config import Control, SequenceSettings, hidden_feeds
 from gt_serve.core.tiny_models import probe_feeds, probe_ns
+from gt_serve.core.warmup import run_warmup
 from gt_serve.errors import ConfigError, PathNotAllowed
 from gt_serve.testing import model_builders as mb
 
@@ -108,11 +109,21 @@ def test_a_control_of_the_wrong_rank_is_refused():
         complete_config(parse_pbtxt(CONFIG, "test"), "m", graph, GRAPH_OUT, True)
 
 
-def test_warmup_with_controls_is_refused_as_unsupported():
-    warm = ('model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT" value: { data_type: TYPE_FP32 '
-            'dims: [ 4 ] zero_data: true } } } ]')
-    with pytest.raises(ConfigError, match="model_warmup is not supported with sequence_batching"):
-        _spec(CONFIG + warm)
+def test_warmup_samples_get_the_controls_and_states_and_run(tmp_path):
+    warm = ('model_warmup [ { name: "w" batch_size: 3 count: 2 inputs { key: "INPUT" value: { data_type: TYPE_FP32 '
+            'dims: [ 4 ] random_data: true } } } ]')
+    _, spec = _spec(CONFIG + warm)
+    (sample,) = spec.warmup
+    feeds = sample.feeds(np.random.default_rng(0))
+    assert {n: a.shape for n, a in feeds.items()} == {"INPUT": (3, 4), "START": (3, 1), "END": (3, 1),
+                                                     "READY": (3, 1), "CORRID": (3, 1), "STATE_IN": (3, 4)}
+    assert feeds["READY"].tolist() == [[1.0]] * 3 and not feeds["STATE_IN"].any()
+    mb.accumulator(tmp_path / "model.onnx")
+    runs, _ = run_warmup("m", "1", spec.warmup, {"cpu.0": OnnxRunner(str(tmp_path / "model.onnx"))},
+                         list(spec.output_order))
+    assert runs == 2
+    with pytest.raises(ConfigError, match="input 'START' is not an input of the model"):  # the server's to fill
+        _spec(CONFIG + warm.replace('key: "INPUT"', 'key: "START"'))
 
 
 def test_the_tiny_model_probe_feeds_a_sequence_model_its_controls_and_states(tmp_path):
