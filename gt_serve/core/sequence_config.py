@@ -38,7 +38,7 @@ class Control:
     false_true: tuple = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: it holds an array
 class State:
     """One implicit state: fed as `input_name`, read back from `output_name`; `initial`: the first request's (one
     row, with the batch dimension for a batching model)."""

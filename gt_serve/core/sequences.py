@@ -182,8 +182,8 @@ def _corrid(sid: Any, datatype: str, row: tuple, control: str, model: str) -> np
     dtype = numpy_dtype(datatype)
     info = np.iinfo(dtype)
     if not info.min <= sid <= info.max:
-        raise InvalidArgument(f"sequence_id {sid} does not fit {datatype}, the type of model '{model}''s correlation "
-                              f"ID (control input '{control}')")
+        raise InvalidArgument(f"sequence_id {sid} does not fit {datatype}: model '{model}' takes the correlation ID "
+                              f"as {datatype} (control input '{control}')")
     return np.full(row, sid, dtype=dtype)
 
 
