@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..errors import PathNotAllowed
+from ..errors import ConfigError, PathNotAllowed
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,22 @@ def confine(base: Path, value: str, *, model: str, what: str) -> Path:
     if not target.startswith(real_base.rstrip(os.sep) + os.sep):
         raise PathNotAllowed(outside_message(model, what, value))
     return Path(target)
+
+
+def read_model_file(model_dir: Path, relative: str, *, model: str, what: str, limit: int, where: str) -> bytes:
+    """A regular file of at most `limit` bytes inside the model directory (`relative`, confined to it), read without
+    following a link or waiting on a FIFO; else a ConfigError that starts with `where` and names `what`."""
+    path = confine(model_dir, relative, model=model, what=what)
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise OSError("not a regular file")
+            raw = fh.read(limit + 1)
+    except OSError:
+        raise ConfigError(f"{where}: {what} '{shown(relative)}' cannot be read") from None
+    if len(raw) > limit:
+        raise ConfigError(f"{where}: {what} is larger than {limit} bytes")
+    return raw
 
 
 def check_config_paths(cfg: mc.ModelConfig, model: str) -> None:

@@ -7,8 +7,6 @@ among the model's client-facing inputs and outputs (metadata, checks), as in Tri
 """
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..datatypes import array_from_raw, numpy_dtype
 from ..errors import ConfigError, GtServeError
-from .repository_paths import confine, shown
+from .repository_paths import read_model_file
 
 DEFAULT_IDLE_US = 1_000_000  # Triton's max_sequence_idle_microseconds when the config leaves it 0
 MAX_STATE_FILE_BYTES = 64 * 1024 * 1024
@@ -203,18 +201,8 @@ def _initial(init, datatype: str, dims: tuple, where: str, model_dir: Path, name
 
 def _read_file(model_dir: Path, filename: str, where: str) -> bytes:
     """Triton's layout: the file lies in the model directory's `initial_state/` directory."""
-    path = confine(model_dir, f"initial_state/{filename}", model=model_dir.name, what="initial_state data_file")
-    try:
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise OSError("not a regular file")
-            raw = fh.read(MAX_STATE_FILE_BYTES + 1)
-    except OSError:
-        raise ConfigError(f"{where}: initial_state data_file 'initial_state/{shown(filename)}' cannot be "
-                          "read") from None
-    if len(raw) > MAX_STATE_FILE_BYTES:
-        raise ConfigError(f"{where}: initial_state data_file is larger than {MAX_STATE_FILE_BYTES} bytes")
-    return raw
+    return read_model_file(model_dir, f"initial_state/{filename}", model=model_dir.name,
+                           what="initial_state data_file", limit=MAX_STATE_FILE_BYTES, where=where)
 
 
 def _v2(data_type: int) -> str:

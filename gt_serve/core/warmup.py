@@ -8,8 +8,6 @@ same runner as requests, reshapes included.
 from __future__ import annotations
 
 import logging
-import os
-import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..datatypes import array_from_raw, element_count, numpy_dtype, raw_from_array
 from ..errors import ConfigError, DeviceOutOfMemory, GtServeError, InvalidArgument
-from .repository_paths import confine, shown
+from .repository_paths import read_model_file, shown
 from .sequence_config import SequenceSettings, hidden_feeds
 
 log = logging.getLogger(__name__)
@@ -120,17 +118,8 @@ def _v2(data_type: int) -> str:
 
 def _read_file(model_dir: Path, filename: str, model: str, where: str) -> bytes:
     """Triton's layout: the file lies in the model directory's `warmup/` directory."""
-    path = confine(model_dir, f"warmup/{filename}", model=model, what="model_warmup input_data_file")
-    try:
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise OSError("not a regular file")
-            raw = fh.read(MAX_WARMUP_FILE_BYTES + 1)
-    except OSError:
-        raise ConfigError(f"{where}: input_data_file 'warmup/{shown(filename)}' cannot be read") from None
-    if len(raw) > MAX_WARMUP_FILE_BYTES:
-        raise ConfigError(f"{where}: input_data_file is larger than {MAX_WARMUP_FILE_BYTES} bytes")
-    return raw
+    return read_model_file(model_dir, f"warmup/{filename}", model=model, what="model_warmup input_data_file",
+                           limit=MAX_WARMUP_FILE_BYTES, where=where)
 
 
 def _check_file(name: str, datatype: str, shape: tuple[int, ...], raw: bytes, where: str) -> bytes:

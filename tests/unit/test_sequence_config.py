@@ -69,6 +69,11 @@ def test_an_initial_state_from_a_file_under_initial_state(tmp_path):
     assert spec.sequence.states[0].initial.tolist() == [[0.0, 1.0, 2.0, 3.0]]
     with pytest.raises(PathNotAllowed):
         _spec(CONFIG.replace("dims: [ 4 ] }", "dims: [ 4 ] " + init.replace("start.bin", "../../x")), tmp_path)
+    with pytest.raises(ConfigError, match="initial_state data_file 'initial_state/none.bin' cannot be read"):
+        _spec(CONFIG.replace("dims: [ 4 ] }", "dims: [ 4 ] " + init.replace("start.bin", "none.bin")), tmp_path)
+    (tmp_path / "initial_state" / "short.bin").write_bytes(b"\0" * 12)
+    with pytest.raises(ConfigError, match="initial_state data_file: .*16"):  # 3 floats where the state holds 4
+        _spec(CONFIG.replace("dims: [ 4 ] }", "dims: [ 4 ] " + init.replace("start.bin", "short.bin")), tmp_path)
 
 
 @pytest.mark.parametrize("change, named", [
