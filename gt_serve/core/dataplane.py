@@ -72,9 +72,9 @@ HOPS_PARAMETER = "gt_hops"  # how many nodes a forwarded request has passed thro
 _NOT_ECHOED = frozenset({"binary_data_output", "headers", HOPS_PARAMETER,
                          VISITED_PARAMETER})  # transport directives; gt_visited: no node visited twice
 
-EXTENSIONS = ["classification", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
-              "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data",
-              "parameters", "statistics"]
+EXTENSIONS = ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+              "schedule_policy", "model_configuration", "system_shared_memory", "cuda_shared_memory",
+              "binary_tensor_data", "parameters", "statistics"]
 
 _now_ns = time.monotonic_ns
 

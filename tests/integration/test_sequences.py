@@ -68,6 +68,7 @@ def test_a_sequence_carries_its_state_and_gets_its_controls(server, module, mode
 
 def test_the_controls_and_states_are_not_the_clients_inputs(server):
     client = httpclient.InferenceServerClient(server.http_url)
+    assert "sequence" in client.get_server_metadata()["extensions"]  # as Triton advertises it
     meta = client.get_model_metadata("acc")
     assert [t["name"] for t in meta["inputs"]] == ["INPUT"]
     assert [t["name"] for t in meta["outputs"]] == ["OUTPUT", "FLAGS", "CORRID_OUT"]
