@@ -27,6 +27,14 @@ def emit(record: dict, jsonl_path: str | os.PathLike | None = None) -> dict:
     return record
 
 
+def triton_columns(point: dict, triton: dict) -> str:
+    """The table columns of Triton's same point beside a gt-serve point (bench/perf_modes.py, sequence_sweep.py):
+    Triton's inf/s, p50 and server CPU per inference, then gt-serve's inf/s and CPU as ratios to Triton's."""
+    return f" {triton['inferences_per_s']:8.0f} {triton['p50_ms']:7.3f} {triton['server_cpu_ms_per_inference']:7.3f} " \
+           f"{point['inferences_per_s'] / triton['inferences_per_s']:7.2f} " \
+           f"{point['server_cpu_ms_per_inference'] / triton['server_cpu_ms_per_inference']:6.2f}"
+
+
 def _stat_fields(pid: int) -> list[str] | None:
     """Fields of /proc/PID/stat after the command name (which may hold spaces); None when the process is gone."""
     try:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import sweep_servers  # noqa: E402
-from common import CpuEnergyWindow, RaplMeter, emit  # noqa: E402
+from common import CpuEnergyWindow, RaplMeter, emit, triton_columns  # noqa: E402
 from perf_sweep import MODELS, build_repo, perf_analyzer_path, perf_analyzer_point  # noqa: E402
 
 from gt_serve.testing.launcher import launch  # noqa: E402
@@ -78,9 +78,7 @@ def table(points: list[dict]) -> str:
                f"{p['server_cpu_ms_per_inference']:7.3f}"
         t = find("triton", p)
         if t is not None and "error" not in t:
-            line += f" {t['inferences_per_s']:8.0f} {t['p50_ms']:7.3f} {t['server_cpu_ms_per_inference']:7.3f} " \
-                    f"{p['inferences_per_s'] / t['inferences_per_s']:7.2f} " \
-                    f"{p['server_cpu_ms_per_inference'] / t['server_cpu_ms_per_inference']:6.2f}"
+            line += triton_columns(p, t)
         lines.append(line)
     return "\n".join(lines)
 

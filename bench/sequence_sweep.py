@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import sweep_servers  # noqa: E402
-from common import CpuEnergyWindow, RaplMeter, emit  # noqa: E402
+from common import CpuEnergyWindow, RaplMeter, emit, triton_columns  # noqa: E402
 from perf_sweep import perf_analyzer_path, perf_analyzer_point, raw_point  # noqa: E402
 
 from gt_serve.testing import model_builders as mb  # noqa: E402
@@ -118,9 +118,7 @@ def table(points: list[dict], raw: dict) -> str:
         t = next((q for q in points if q["server"] == "triton" and q["protocol"] == p["protocol"]
                   and q["concurrency"] == p["concurrency"] and "error" not in q), None)
         if t is not None:
-            line += f" {t['inferences_per_s']:8.0f} {t['p50_ms']:7.3f} {t['server_cpu_ms_per_inference']:7.3f} " \
-                    f"{p['inferences_per_s'] / t['inferences_per_s']:7.2f} " \
-                    f"{cpu / t['server_cpu_ms_per_inference']:6.2f}"
+            line += triton_columns(p, t)
         lines.append(line)
     return "\n".join(lines)
 
