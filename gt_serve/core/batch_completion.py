@@ -2,7 +2,8 @@
 
 Runs on the event loop, called by the model's ModelExecutor when its lane hands a batch back.
 Statistics and energy are charged once per batch; per request there is only its future and its
-latency sample.
+latency sample. A model whose config asks to preserve the order of its answers has an AnswerOrder: a batch's futures
+are then resolved once those of the batches taken before it are.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from ..errors import Internal
+from .answer_order import AnswerOrder
 from .batcher import Batch, Entry
 from .statistics import ModelStats
 
@@ -22,15 +24,25 @@ EnergyObserver = Callable[[str, str, int, float], float]
 class BatchCompletion:
     """Completion handling of one model version; built with everything it writes to."""
 
-    __slots__ = ("model_name", "stats", "_observe_energy")
+    __slots__ = ("model_name", "stats", "_observe_energy", "order")
 
-    def __init__(self, model_name: str, stats: ModelStats, energy_observer: EnergyObserver | None = None) -> None:
+    def __init__(self, model_name: str, stats: ModelStats, energy_observer: EnergyObserver | None = None,
+                 order: AnswerOrder | None = None) -> None:
+        """`order`: the model's (its config's preserve_ordering), which its executor tells of each batch it takes."""
         self.model_name = model_name
         self.stats = stats
         self._observe_energy = energy_observer
+        self.order = order
 
     def resolve(self, batch: Batch, lane: Any, result: Any, exc: BaseException | None) -> None:
-        """`result` is a job's (per-request outputs, (input_ns, infer_ns, output_ns)); `exc` what it raised."""
+        """`result` is a job's (per-request outputs, (input_ns, infer_ns, output_ns)); `exc` what it raised. With an
+        AnswerOrder, once the batches taken before it are answered."""
+        if self.order is None:
+            self._resolve(batch, lane, result, exc)
+        else:
+            self.order.finished(batch, lambda: self._resolve(batch, lane, result, exc))
+
+    def _resolve(self, batch: Batch, lane: Any, result: Any, exc: BaseException | None) -> None:
         if exc is not None:
             self.fail(batch.entries, self.run_failed(lane, exc))
             return

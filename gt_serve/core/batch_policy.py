@@ -20,6 +20,7 @@ class BatchConfig:
     max_batch_size: int = 0  # 0 = the model does not batch: one request per execution
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_s: float = 0.0
+    preserve_ordering: bool = False  # answers in the order their requests were taken (core/answer_order.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,8 @@ _ENSEMBLE_ONLY = "platform 'ensemble' only: steps checked as a DAG at load (core
 _TRT = "a TensorRT-backend setting; the onnxruntime backend does not read it"
 _NO_SLOTS = ("every live sequence runs, each request in a batch with other sequences' (Oldest's batches); there are "
              "no slots and no backlog (core/sequences.py)")
+_IN_ORDER = ("answers in the order their requests were taken into batches, a gRPC stream's too; cache hits after "
+             "the batches taken before them (core/answer_order.py)")
 
 # path -> (class, why); a refused field is refused when set to anything but its default
 FIELDS: dict[str, tuple[str, str]] = {
@@ -59,7 +61,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "dynamic_batching": (PARTIAL, ""),
     "dynamic_batching.preferred_batch_size": (HONOURED, ""),
     "dynamic_batching.max_queue_delay_microseconds": (HONOURED, ""),
-    "dynamic_batching.preserve_ordering": (REFUSED, "batches on several lanes may finish out of order"),
+    "dynamic_batching.preserve_ordering": (HONOURED, _IN_ORDER),
     "dynamic_batching.priority_levels": (HONOURED, ""),
     "dynamic_batching.default_priority_level": (HONOURED, ""),
     "dynamic_batching.default_queue_policy": (HONOURED, "timeout, timeout action, override, queue size"),
@@ -82,7 +84,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "sequence_batching.oldest.max_candidate_sequences": (IGNORED, _NO_SLOTS),
     "sequence_batching.oldest.preferred_batch_size": (HONOURED, ""),
     "sequence_batching.oldest.max_queue_delay_microseconds": (HONOURED, "the queue delay of the sequences' batches"),
-    "sequence_batching.oldest.preserve_ordering": (REFUSED, "batches on several lanes may finish out of order"),
+    "sequence_batching.oldest.preserve_ordering": (HONOURED, _IN_ORDER),
     "sequence_batching.iterative_sequence": (REFUSED, "iterative sequences (decoupled generation) are not implemented"),
     "ensemble_scheduling": (HONOURED, _ENSEMBLE_ONLY),
     "instance_group": (PARTIAL, ""),

@@ -6,7 +6,8 @@ A request's path, each hop a direct call or one queue:
     StreamScheduler._pump -> Batcher.decide -> ModelExecutor.dispatch -> Batcher.take -> job_factory -> Lane.submit
     lane thread: job() -> InferenceSession.run -> loop.call_soon_threadsafe (the one queue back)
     loop: Lane.finish -> ModelExecutor._complete -> StreamScheduler.finished (fair share, the next batch dispatched
-          at once) -> BatchCompletion.resolve (futures, stats, energy)
+          at once) -> BatchCompletion.resolve (futures, stats, energy; with the config's preserve_ordering, once the
+          batches taken before it are answered: core/answer_order.py)
 
 A CPU batch may instead be launched from the loop: Lane.launch -> BatchJob.start -> InferenceSession.run_async, its
 reply from onnxruntime's pool thread (LaunchChoice: a model's batches of several requests, while fast; `_launches_alone`:
@@ -32,7 +33,7 @@ from .batch_completion import BatchCompletion
 from .batcher import Batch, Batcher, Entry
 from .inline_choice import InlineChoice
 from .launch_choice import LaunchChoice
-from .trace_context import RequestTrace
+from .trace_context import note_batch
 
 log = logging.getLogger(__name__)
 _now_ns = time.monotonic_ns
@@ -109,6 +110,7 @@ class ModelExecutor:
         self._launch = (LaunchChoice(always=launch == "always", max_batch_size=batcher.cfg.max_batch_size)
                         if launch != "never" else None)
         self._inline_choice = InlineChoice()  # small batches of several requests: on the loop or the lane
+        self._order = completion.order  # the config's preserve_ordering: batches answered in the order taken, or None
 
     @property
     def pending(self) -> int:
@@ -122,6 +124,8 @@ class ModelExecutor:
     def dispatch(self, entries: list[Entry], lane: Any) -> None:
         """Called by the scheduler: take `entries` off the queue and run them as one batch on `lane`."""
         batch = self.batcher.take(entries)
+        if self._order is not None:
+            self._order.taken(batch)
         self.in_flight += 1
         job = self._job_factory(self._runners[lane], batch, self._spec, lane)
         way = self._way(batch, lane, job)
@@ -185,17 +189,17 @@ class ModelExecutor:
         """A one-row request run at once on the loop's thread, where the queue would run it inline a turn later: its
         outputs (model order), or None when it must be queued (`submit`). Only while requests come one at a time:
         on average more than twice the shape's run time apart (so that running one at once seldom delays another;
-        a burst's requests, read together, are then queued and batched) and the last batch one row; nothing queued
-        or due; `_runs_inline`'s rule; the lane the scheduler would choose (`lone_lane`). Charged as the queue
-        charges it (statistics, energy, fair share, the shape's run time), in the loop's next turn (`_lone_books`);
-        a failed run raises the error its future would get. It saves the request's future, its queue entry, two
-        turns of the loop and the batch's hand-back."""
+        a burst's requests, read together, are then queued and batched) and the last batch one row; nothing queued,
+        due or held for its order (preserve_ordering); `_runs_inline`'s rule; the lane the scheduler would choose
+        (`lone_lane`). Charged as the queue charges it (statistics, energy, fair share, the shape's run time), in the
+        loop's next turn (`_lone_books`); a failed run raises the error its future would get. It saves the request's
+        future, its queue entry, two turns of the loop and the batch's hand-back."""
         now_ns = _now_ns()
         gap_ns = self._gap_ns = self._gap_ns + (min(now_ns - self._asked_ns, _GAP_CAP_NS) - self._gap_ns) // 8
         self._asked_ns = now_ns
         lone_ns = self._lone_ns.get(shape_key, self._inline_max_ns)
         if lone_ns >= self._inline_max_ns or gap_ns < 2 * lone_ns or self._last_rows != 1 or self.batcher.pending \
-                or self.batcher.closed is not None:
+                or self.batcher.closed is not None or (self._order is not None and self._order.waiting):
             return None
         lane = self._scheduler.lone_lane(self)
         if lane is None or lane.on_gpu:
@@ -291,9 +295,13 @@ class ModelExecutor:
         if expect:  # after the futures' callbacks, which write the answers
             self.batcher.loop.call_soon(self._answers_out, 1)
         if batch.traced:
-            _note_traces(batch, lane)
+            note_batch(batch, lane)
         if self.batcher.closed is not None and not self.in_flight and not self.batcher.pending:
             self._on_drained()
+
+    def turn(self) -> asyncio.Future | None:
+        """A response-cache hit's wait for the batches taken before it, where answers keep their order (None: none)."""
+        return None if self._order is None else self._order.turn(self.batcher.loop)
 
     def _answered(self, batch: Batch, elapsed_ns: int) -> bool:
         """Before the next batch is formed: whether it waits for the clients of this one's requests. While these and
@@ -389,12 +397,3 @@ def _average(times: dict, key: tuple, ns: int, most: int, lower_only: bool = Fal
     elif not lower_only or ns < seen:
         times[key] = seen + (ns - seen) // 4
 
-
-def _note_traces(batch: Batch, lane: Any) -> None:
-    """Tell the traced requests of a batch how it ran (queue and compute times, size, lane)."""
-    now_ns = time.monotonic_ns()
-    requests = len(batch.entries)
-    for e in batch.entries:
-        if isinstance(e.context, RequestTrace):
-            e.context.batch_ran(e.arrival_ns, e.dispatch_ns, now_ns, batch.size, requests,
-                                str(getattr(lane, "lane_id", "")), str(getattr(lane, "device", "")))

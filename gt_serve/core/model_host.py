@@ -15,6 +15,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import ConfigError, DeviceOutOfMemory
+from .answer_order import AnswerOrder
 from .batch_completion import BatchCompletion, EnergyObserver
 from .batch_policy import BatchConfig
 from .batcher import Batcher, QueuePolicy
@@ -43,9 +44,10 @@ def batching_from_config(cfg: mc.ModelConfig, knobs: Mapping[str, Any]) -> tuple
     mbs = int(cfg.max_batch_size)
     delay_s = db.max_queue_delay_microseconds / 1e6 if has_db else 0.0
     preferred = tuple(int(p) for p in db.preferred_batch_size) if has_db else ()
+    in_order = bool(db.preserve_ordering)
     sequences = sequence_batching(cfg)  # a sequence model's requests of different sequences batch together
     if sequences is not None:
-        has_db, (delay_s, preferred) = True, sequences
+        has_db, (delay_s, preferred, in_order) = True, sequences
     if "max_queue_delay_us" in knobs:
         delay_s = float(knobs["max_queue_delay_us"]) / 1e6
     # like Triton, requests are merged only with a dynamic_batching block (or the YAML knob saying so)
@@ -57,7 +59,8 @@ def batching_from_config(cfg: mc.ModelConfig, knobs: Mapping[str, Any]) -> tuple
         allow_timeout_override=bool(qp.allow_timeout_override) or not qp.default_timeout_microseconds,
         reject_on_timeout=qp.timeout_action != mc.ModelQueuePolicy.DELAY,
     )
-    return (BatchConfig(mbs_eff, preferred, delay_s), policy, int(db.priority_levels), int(db.default_priority_level))
+    return (BatchConfig(mbs_eff, preferred, delay_s, in_order), policy, int(db.priority_levels),
+            int(db.default_priority_level))
 
 
 @dataclass
@@ -233,7 +236,8 @@ class LocalModelHost:
         batcher = Batcher(model.name, batch_cfg, policy, wake=self.scheduler.notify, priority_levels=levels,
                           default_priority=default_level, loop=self.loop)
         executor = ModelExecutor(batcher, runners, self._job_factory,
-                                 BatchCompletion(model.name, model.stats, self._energy_observer),
+                                 BatchCompletion(model.name, model.stats, self._energy_observer,
+                                                 AnswerOrder() if batch_cfg.preserve_ordering else None),
                                  self.scheduler, model.spec, version=model.version,
                                  weight=float(knobs.get("weight", 1.0)), inline_max_ns=self._inline_max_ns,
                                  launch=self._launch, tiny=placed.tiny)

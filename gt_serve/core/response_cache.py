@@ -95,7 +95,9 @@ def request_key(model: Any, request: InferRequest, requested: list | None) -> by
 async def serve_cached(cache: ResponseCache | None, model: Any, request: InferRequest, requested: list | None,
                        start_ns: int, run: Callable[[], Awaitable[list[Tensor]]]) -> list[Tensor]:
     """The response outputs: from the cache when the model uses it and has answered this request
-    before, else from `run()` (then cached unless it raised)."""
+    before, else from `run()` (then cached unless it raised). A hit of a model that answers in order (preserve_ordering)
+    is answered after the batches taken before it, or, while requests are queued before it, runs as a miss behind
+    them."""
     if cache is None or not model.config.response_cache.enable:
         return await run()
     lookup_start_ns = _now_ns()
@@ -103,9 +105,14 @@ async def serve_cached(cache: ResponseCache | None, model: Any, request: InferRe
     if key is None:
         return await run()
     hit = cache.get(key)
-    if hit is not None:
+    executor = model.executor  # (None: an ensemble)
+    in_order = executor is not None and executor.batcher.cfg.preserve_ordering
+    if hit is not None and not (in_order and executor.pending):  # else it runs as a miss, behind the queued requests
         now_ns = _now_ns()
         model.stats.record_cache_hit(now_ns - start_ns, now_ns - lookup_start_ns)
+        turn = executor.turn() if in_order else None
+        if turn is not None:  # after the batches taken before it
+            await turn
         return hit
     lookup_ns = _now_ns() - lookup_start_ns
     outputs = await run()

@@ -133,15 +133,18 @@ def _first_value(c: Control):
     return c.false_true[0 if c.flag == "end" else 1]
 
 
-def batching(cfg: mc.ModelConfig) -> tuple[float, tuple[int, ...]] | None:
-    """(queue delay in seconds, preferred batch sizes) of a sequence model's strategy (Triton's direct or oldest
-    block), as batching_from_config takes them from dynamic_batching; None for a model without sequence_batching."""
+def batching(cfg: mc.ModelConfig) -> tuple[float, tuple[int, ...], bool] | None:
+    """(queue delay in seconds, preferred batch sizes, preserve_ordering) of a sequence model's strategy (Triton's
+    direct or oldest block), as batching_from_config takes them from dynamic_batching; None for a model without
+    sequence_batching."""
     if not cfg.HasField("sequence_batching"):
         return None
     sb = cfg.sequence_batching
     if sb.HasField("oldest"):
-        return sb.oldest.max_queue_delay_microseconds / 1e6, tuple(int(p) for p in sb.oldest.preferred_batch_size)
-    return sb.direct.max_queue_delay_microseconds / 1e6, ()
+        oldest = sb.oldest
+        return (oldest.max_queue_delay_microseconds / 1e6, tuple(int(p) for p in oldest.preferred_batch_size),
+                bool(oldest.preserve_ordering))
+    return sb.direct.max_queue_delay_microseconds / 1e6, (), False
 
 
 def _control(ci, where: str) -> Control:

@@ -17,6 +17,7 @@ import random
 import re
 import time
 from contextvars import ContextVar
+from typing import Any
 
 _now_ns = time.monotonic_ns
 _VERSION = "00"
@@ -132,3 +133,13 @@ class RequestTrace:
 
     def finish(self) -> None:
         self.end_ns = _now_ns()
+
+
+def note_batch(batch: Any, lane: Any) -> None:
+    """Tell the traced requests of a batch (core/batcher.Batch) how it ran (queue and compute times, size, lane)."""
+    now_ns = _now_ns()
+    requests = len(batch.entries)
+    for e in batch.entries:
+        if isinstance(e.context, RequestTrace):
+            e.context.batch_ran(e.arrival_ns, e.dispatch_ns, now_ns, batch.size, requests,
+                                str(getattr(lane, "lane_id", "")), str(getattr(lane, "device", "")))

@@ -48,6 +48,20 @@ def scale(path: Path, factor: float = 2.0, width: int = 4) -> None:
     _save(helper.make_graph([node], "scale", [inp], [out], initializer=[k]), path)
 
 
+def sine_sum(path: Path, rounds: int = 32) -> None:
+    """FP32 INPUT [B, N], N any -> OUTPUT [B, 1] = the sum over N of sin applied `rounds` times: a run as long as its
+    rows are wide (the preserve_ordering tests' long and short requests)."""
+    from onnx import TensorProto, helper
+
+    inp = helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", "n"])
+    out = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", 1])
+    names = ["INPUT"] + [f"sin{i}" for i in range(rounds)]
+    nodes = [helper.make_node("Sin", [a], [b]) for a, b in zip(names, names[1:])]
+    nodes.append(helper.make_node("ReduceSum", [names[-1], "axis"], ["OUTPUT"], keepdims=1))
+    axis = helper.make_tensor("axis", TensorProto.INT64, [1], [1])
+    _save(helper.make_graph(nodes, "sine_sum", [inp], [out], initializer=[axis]), path)
+
+
 def add_pair(path: Path, width: int = 4) -> None:
     """FP32 A, B [B, width] -> SUM = A + B (the join of a diamond-shaped ensemble)."""
     from onnx import TensorProto, helper

@@ -60,8 +60,8 @@ REFUSED = {
     "openvino": ('optimization { execution_accelerators { cpu_execution_accelerator: [ { name: "openvino" } ] } }\n',
                  "openvino"),
     "badparam": ('parameters { key: "no_such_knob" value: { string_value: "1" } }\n', "no_such_knob"),
-    "ordering": ("max_batch_size: 8\ndynamic_batching { preserve_ordering: true }\n",
-                 "dynamic_batching.preserve_ordering"),
+    "queues": ("max_batch_size: 8\ndynamic_batching { priority_levels: 2 priority_queue_policy { key: 1 value: "
+               "{ max_queue_size: 2 } } }\n", "dynamic_batching.priority_queue_policy"),
     "pytorch": ('backend: "pytorch"\n', "backend"),
 }
 

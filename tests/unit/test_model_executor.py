@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from gt_serve.core.answer_order import AnswerOrder
 from gt_serve.core.batch_completion import BatchCompletion
 from gt_serve.core.batch_policy import BatchConfig
 from gt_serve.core.batcher import Batcher, QueuePolicy
@@ -121,12 +122,14 @@ class Runner:
 
 
 def build(energy=None, inline_max_ns=0, extra_lanes=(), max_batch_size=8, launch="never", launchable=True,
-          delay_s=0.0, tiny=False):
+          delay_s=0.0, tiny=False, ordered=False):
+    """`ordered`: the config's preserve_ordering (an AnswerOrder, as LocalModelHost.open gives one)."""
     lane, sched, runner = FakeLane(), RecordingScheduler(), Runner(launchable)
     stats = ModelStats("m", "1")
-    batcher = Batcher("m", BatchConfig(max_batch_size, (), delay_s), QueuePolicy(), wake=sched.notify)
+    batcher = Batcher("m", BatchConfig(max_batch_size, (), delay_s, ordered), QueuePolicy(), wake=sched.notify)
     runners = {lane: runner, **{extra: runner for extra in extra_lanes}}
-    executor = ModelExecutor(batcher, runners, runner.job, BatchCompletion("m", stats, energy), sched, SPEC,
+    completion = BatchCompletion("m", stats, energy, AnswerOrder() if ordered else None)
+    executor = ModelExecutor(batcher, runners, runner.job, completion, sched, SPEC,
                              version="1", inline_max_ns=inline_max_ns, launch=launch, tiny=tiny)
     return executor, lane, sched, runner, stats
 
