@@ -1,5 +1,5 @@
 """bench/config_variants.py: the sweep's mlp under the Triton configs users write (`dynamic_batching { }`, none,
-preferred sizes, a long delay, a large max_batch_size, two instances) loads in gt-serve as written, answers what
+preferred sizes, a long delay, a large max_batch_size, two instances, answers in order) loads in gt-serve as written, answers what
 onnxruntime computes, and batches as Triton would: a model without `dynamic_batching` runs every request alone
 (issue #17: "with models and configs of our own")."""
 from __future__ import annotations
@@ -39,9 +39,12 @@ def test_each_variant_batches_as_its_config_says(repo):
     """(max_batch_size the batcher uses, preferred sizes, queue delay) of each config as gt-serve reads it."""
     seen = {name: batching_from_config(parse_pbtxt((repo / name / "config.pbtxt").read_text(), name), {})[0]
             for name in config_variants.VARIANTS}
-    got = {name: (b.max_batch_size, b.preferred_batch_sizes, b.max_queue_delay_s) for name, b in seen.items()}
-    assert got == {"mlp_d0": (32, (), 0.0), "mlp_nodb": (0, (), 0.0), "mlp_pref": (32, (4, 8), 0.0005),
-                   "mlp_d10ms": (32, (), 0.01), "mlp_b128": (128, (), 0.0005), "mlp_ig2": (32, (), 0.0005)}
+    got = {name: (b.max_batch_size, b.preferred_batch_sizes, b.max_queue_delay_s, b.preserve_ordering)
+           for name, b in seen.items()}
+    assert got == {"mlp_d0": (32, (), 0.0, False), "mlp_nodb": (0, (), 0.0, False),
+                   "mlp_pref": (32, (4, 8), 0.0005, False), "mlp_d10ms": (32, (), 0.01, False),
+                   "mlp_b128": (128, (), 0.0005, False), "mlp_ig2": (32, (), 0.0005, False),
+                   "mlp_order": (32, (), 0.0005, True), "mlp_ig2_order": (32, (), 0.0005, True)}
 
 
 def test_the_server_serves_each_variant_with_its_config_and_onnxruntimes_answers(repo, server):
@@ -56,7 +59,8 @@ def test_the_server_serves_each_variant_with_its_config_and_onnxruntimes_answers
             cfg = client.get_model_config(name)
             assert cfg["max_batch_size"] == (128 if name == "mlp_b128" else 32), name
             assert ("dynamic_batching" in cfg) == (name != "mlp_nodb"), name
-            assert cfg["instance_group"][0]["count"] == (2 if name == "mlp_ig2" else 1), name
+            assert cfg["instance_group"][0]["count"] == (2 if name.startswith("mlp_ig2") else 1), name
+            assert cfg.get("dynamic_batching", {}).get("preserve_ordering", False) == name.endswith("_order"), name
             tensor = httpclient.InferInput("INPUT", list(x.shape), "FP32")
             tensor.set_data_from_numpy(x, binary_data=True)
             got = client.infer(name, [tensor]).as_numpy("OUTPUT")
