@@ -50,6 +50,7 @@ def batching_from_config(cfg: mc.ModelConfig, knobs: Mapping[str, Any]) -> tuple
         has_db, (delay_s, preferred, in_order) = True, sequences
     if "max_queue_delay_us" in knobs:
         delay_s = float(knobs["max_queue_delay_us"]) / 1e6
+    in_order = bool(knobs.get("preserve_ordering", in_order))
     # like Triton, requests are merged only with a dynamic_batching block (or the YAML knob saying so)
     mbs_eff = mbs if knobs.get("dynamic_batching", has_db) else 0
     qp = db.default_queue_policy

@@ -50,6 +50,8 @@ def test_controls_and_states_are_the_servers_and_not_the_clients():
     assert not batch.preserve_ordering
     ordered = parse_pbtxt(CONFIG.replace("oldest {", "oldest { preserve_ordering: true "), "test")
     assert batching_from_config(ordered, {})[0].preserve_ordering  # the oldest strategy's, as dynamic_batching's
+    assert not batching_from_config(ordered, {"preserve_ordering": False})[0].preserve_ordering  # the node YAML's
+    assert batching_from_config(cfg, {"preserve_ordering": True})[0].preserve_ordering
 
 
 def test_a_state_output_listed_as_an_output_stays_the_clients():
