@@ -1,4 +1,4 @@
-"""Per-model queue: bounded, one Future per request, deadlines, priorities.
+"""Per-model queue: bounded, one Future per request, deadlines, priorities (a queue policy per priority level).
 
 The batcher only queues and forms batches (with batch_policy.form_batch). It is complete when
 constructed: `wake` (the StreamScheduler's `notify`) is passed in and called after each submit; it
@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..errors import DeadlineExceeded, QueueFull, Unavailable
 from .batch_policy import BatchConfig, BatchDecision, form_batch
@@ -66,11 +66,14 @@ class Batcher:
 
     def __init__(self, name: str, batch_cfg: BatchConfig, queue_policy: QueuePolicy, *, wake: Callable[[], None],
                  priority_levels: int = 0, default_priority: int = 0,
+                 level_policies: Mapping[int, QueuePolicy] | None = None,
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """`queue_policy`: each priority level's, but those of `level_policies` (Triton's default_queue_policy and
+        priority_queue_policy); a level's max_queue_size bounds the requests queued at that level, as in Triton."""
         self.name = name
         self.cfg = batch_cfg
-        self.policy = queue_policy
         self.levels = max(1, priority_levels)
+        self.policies = [(level_policies or {}).get(level, queue_policy) for level in range(1, self.levels + 1)]
         self.default_priority = default_priority if 1 <= default_priority <= self.levels else (self.levels + 1) // 2
         self._queues: list[deque[Entry]] = [deque() for _ in range(self.levels)]
         self.pending = 0
@@ -95,21 +98,24 @@ class Batcher:
                deadline_s: float | None = None, context: Any = None) -> asyncio.Future:
         if self.closed is not None:
             raise Unavailable(self.closed)
-        if self.policy.max_queue_size and self.pending >= self.policy.max_queue_size:
-            raise QueueFull(f"model '{self.name}': queue is full ({self.policy.max_queue_size} requests); retry later")
+        level = priority if 1 <= priority <= self.levels else self.default_priority
+        policy, queue = self.policies[level - 1], self._queues[level - 1]
+        if policy.max_queue_size and len(queue) >= policy.max_queue_size:
+            raise QueueFull(f"model '{self.name}': queue is full ({policy.max_queue_size} requests"
+                            f"{f' at priority level {level}' if self.levels > 1 else ''}); retry later")
         loop = self.loop
         future = loop.create_future()
         entry = Entry(feeds, batch_size, shape_key, future, context)
-        level = priority if 1 <= priority <= self.levels else self.default_priority
-        self._queues[level - 1].append(entry)
+        queue.append(entry)
         self.pending += 1
         if self.returning:
             self.returning -= 1
-        timeout_s = self.policy.default_timeout_s
-        if deadline_s is not None and (self.policy.allow_timeout_override or not timeout_s):
-            entry.timer = loop.call_at(loop.time() + max(0.0, deadline_s - time.monotonic()), self._expire, entry)
+        timeout_s = policy.default_timeout_s
+        if deadline_s is not None and (policy.allow_timeout_override or not timeout_s):
+            entry.timer = loop.call_at(loop.time() + max(0.0, deadline_s - time.monotonic()), self._expire, entry,
+                                       policy)
         elif timeout_s > 0:
-            entry.timer = loop.call_later(timeout_s, self._expire, entry)
+            entry.timer = loop.call_later(timeout_s, self._expire, entry, policy)
         self._wake()
         return future
 
@@ -133,10 +139,10 @@ class Batcher:
         """Refuse new requests with Unavailable(reason); what is queued stays (drained or failed)."""
         self.closed = reason
 
-    def _expire(self, entry: Entry) -> None:
+    def _expire(self, entry: Entry, policy: QueuePolicy) -> None:
         if entry.dispatch_ns or entry.future.done():
             return
-        if not self.policy.reject_on_timeout:
+        if not policy.reject_on_timeout:
             return
         waited_ms = (_now_ns() - entry.arrival_ns) / 1e6
         entry.future.set_exception(DeadlineExceeded(

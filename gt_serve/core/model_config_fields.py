@@ -65,7 +65,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "dynamic_batching.priority_levels": (HONOURED, ""),
     "dynamic_batching.default_priority_level": (HONOURED, ""),
     "dynamic_batching.default_queue_policy": (HONOURED, "timeout, timeout action, override, queue size"),
-    "dynamic_batching.priority_queue_policy": (REFUSED, "one queue policy per model; no per-level policies"),
+    "dynamic_batching.priority_queue_policy": (HONOURED, "a level's timeout, timeout action, override, queue size"),
     "sequence_batching": (PARTIAL, ""),
     "sequence_batching.max_sequence_idle_microseconds": (HONOURED, "an idle sequence is dropped (default 1 s)"),
     "sequence_batching.control_input": (HONOURED, "START, END, READY and CORRID, one control an input"),
@@ -146,6 +146,7 @@ def check_fields(cfg: mc.ModelConfig, name: str) -> None:
             why = FIELDS.get(path, (REFUSED, "not known to gt_serve"))[1]
             raise ConfigError(f"model '{name}': config field '{path}' is not supported ({why})")
     _check_values(cfg, name)
+    _check_queues(cfg.dynamic_batching, name)
 
 
 # what an ensemble's config may set (Triton: the steps' own configs say how each step runs)
@@ -185,3 +186,23 @@ def _check_values(cfg: mc.ModelConfig, name: str) -> None:
         if group.kind == mc.ModelInstanceGroup.KIND_MODEL:
             raise ConfigError(f"model '{name}': config field 'instance_group.kind' KIND_MODEL is not supported "
                               "(KIND_CPU, KIND_GPU or KIND_AUTO)")
+
+
+def _check_queues(db: mc.ModelDynamicBatching, name: str) -> None:
+    """Triton's own checks of priority levels, their queue policies and preserve_ordering, in its words."""
+    levels = db.priority_levels
+    if levels:
+        if not 1 <= db.default_priority_level <= levels:
+            raise ConfigError(f"default priority level must be in range [1, {levels}] for {name}")
+        if any(not 1 <= level <= levels for level in db.priority_queue_policy):
+            raise ConfigError(f"priority queue policy must have priority level in range [1, {levels}] for {name}")
+    elif db.priority_queue_policy:
+        raise ConfigError(f"model '{name}': dynamic_batching.priority_queue_policy needs priority_levels")
+    if db.preserve_ordering:
+        if levels > 1:
+            raise ConfigError(f"Only one priority level is allowed when 'preserve_ordering' is true for {name}")
+        delay = mc.ModelQueuePolicy.DELAY
+        if any(p.default_timeout_microseconds and p.timeout_action == delay
+               for p in (db.default_queue_policy, *db.priority_queue_policy.values())):
+            raise ConfigError(f"Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true "
+                              f"for {name}")

@@ -37,8 +37,10 @@ log = logging.getLogger(__name__)
 RunnerFactory = Callable[[str, str, Any], Any]
 
 
-def batching_from_config(cfg: mc.ModelConfig, knobs: Mapping[str, Any]) -> tuple[BatchConfig, QueuePolicy, int, int]:
-    """Triton's dynamic_batching block (+ our YAML knobs) -> batch config, queue policy, priority levels."""
+def batching_from_config(cfg: mc.ModelConfig, knobs: Mapping[str, Any]) -> tuple[BatchConfig, QueuePolicy, int, int,
+                                                                                  dict[int, QueuePolicy]]:
+    """Triton's dynamic_batching block (+ our YAML knobs) -> batch config, the default queue policy, priority levels,
+    the default level, and the levels' own queue policies (priority_queue_policy)."""
     db = cfg.dynamic_batching
     has_db = cfg.HasField("dynamic_batching")
     mbs = int(cfg.max_batch_size)
@@ -53,15 +55,20 @@ def batching_from_config(cfg: mc.ModelConfig, knobs: Mapping[str, Any]) -> tuple
     in_order = bool(knobs.get("preserve_ordering", in_order))
     # like Triton, requests are merged only with a dynamic_batching block (or the YAML knob saying so)
     mbs_eff = mbs if knobs.get("dynamic_batching", has_db) else 0
-    qp = db.default_queue_policy
-    policy = QueuePolicy(
-        max_queue_size=int(knobs.get("max_queue_size", qp.max_queue_size)),
+    policy = _queue_policy(db.default_queue_policy, knobs.get("max_queue_size"))
+    levels = {int(level): _queue_policy(qp) for level, qp in db.priority_queue_policy.items()}
+    return (BatchConfig(mbs_eff, preferred, delay_s, in_order), policy, int(db.priority_levels),
+            int(db.default_priority_level), levels)
+
+
+def _queue_policy(qp: mc.ModelQueuePolicy, max_queue_size: Any = None) -> QueuePolicy:
+    """One of Triton's queue policies (`max_queue_size`: the node YAML's knob, for the default policy)."""
+    return QueuePolicy(
+        max_queue_size=int(qp.max_queue_size if max_queue_size is None else max_queue_size),
         default_timeout_s=qp.default_timeout_microseconds / 1e6,
         allow_timeout_override=bool(qp.allow_timeout_override) or not qp.default_timeout_microseconds,
         reject_on_timeout=qp.timeout_action != mc.ModelQueuePolicy.DELAY,
     )
-    return (BatchConfig(mbs_eff, preferred, delay_s, in_order), policy, int(db.priority_levels),
-            int(db.default_priority_level))
 
 
 @dataclass
@@ -233,9 +240,9 @@ class LocalModelHost:
         if placed.warmup is not None:
             model.stats.record_warmup(*placed.warmup)
         self._record_footprint(model, placed.footprint)
-        batch_cfg, policy, levels, default_level = batching_from_config(model.config, knobs)
+        batch_cfg, policy, levels, default_level, level_policies = batching_from_config(model.config, knobs)
         batcher = Batcher(model.name, batch_cfg, policy, wake=self.scheduler.notify, priority_levels=levels,
-                          default_priority=default_level, loop=self.loop)
+                          default_priority=default_level, level_policies=level_policies, loop=self.loop)
         executor = ModelExecutor(batcher, runners, self._job_factory,
                                  BatchCompletion(model.name, model.stats, self._energy_observer,
                                                  AnswerOrder() if batch_cfg.preserve_ordering else None),

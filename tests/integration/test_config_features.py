@@ -45,6 +45,8 @@ parameters { key: "inter_op_thread_count" value: { string_value: "1" } }
 parameters { key: "enable_mem_pattern" value: { string_value: "0" } }
 '''
 CACHED = 'max_batch_size: 8\nresponse_cache { enable: true }\n'
+LEVELS = ('max_batch_size: 8\ndynamic_batching { priority_levels: 2 default_priority_level: 2\n'
+          '  priority_queue_policy { key: 1 value: { max_queue_size: 4 default_timeout_microseconds: 1000000 } } }\n')
 COUNTED = 'max_batch_size: 8\nparameters { key: "intra_op_thread_count" value: { string_value: "2" } }\n'
 CACHED_ENSEMBLE = '''platform: "ensemble" max_batch_size: 8 response_cache { enable: true }
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
@@ -60,8 +62,7 @@ REFUSED = {
     "openvino": ('optimization { execution_accelerators { cpu_execution_accelerator: [ { name: "openvino" } ] } }\n',
                  "openvino"),
     "badparam": ('parameters { key: "no_such_knob" value: { string_value: "1" } }\n', "no_such_knob"),
-    "queues": ("max_batch_size: 8\ndynamic_batching { priority_levels: 2 priority_queue_policy { key: 1 value: "
-               "{ max_queue_size: 2 } } }\n", "dynamic_batching.priority_queue_policy"),
+    "ratelimit": ('instance_group [ { kind: KIND_CPU rate_limiter { priority: 1 } } ]\n', "instance_group.rate_limiter"),
     "pytorch": ('backend: "pytorch"\n', "backend"),
 }
 
@@ -71,7 +72,8 @@ def _repo(root: Path) -> Path:
     (root / "warm" / "config.pbtxt").write_text('name: "warm"\n' + WARM)
     (root / "warm" / "warmup").mkdir()
     (root / "warm" / "warmup" / "ones.bin").write_bytes(np.ones(16, dtype=np.int32).tobytes())
-    for name, text in (("reshaped", RESHAPED), ("tuned", TUNED), ("cached", CACHED), ("counted", COUNTED)):
+    for name, text in (("reshaped", RESHAPED), ("tuned", TUNED), ("cached", CACHED), ("counted", COUNTED),
+                       ("levels", LEVELS)):
         mb.scale(root / name / "1" / "model.onnx", factor=2.0, width=4)
         (root / name / "config.pbtxt").write_text(f'name: "{name}"\n' + text)
     mb.argmax(root / "argmax" / "1" / "model.onnx")  # no config.pbtxt
@@ -91,7 +93,7 @@ def server(tmp_path_factory):
     srv = start_server(repo, tmp_path_factory.mktemp("srv_features"), "--model-control-mode", "explicit",
                        "--load-model", "warm", "--load-model", "reshaped", "--load-model", "tuned",
                        "--load-model", "cached", "--load-model", "argmax", "--load-model", "cached_ensemble",
-                       "--load-model", "counted", "--load-model", "mlp",
+                       "--load-model", "counted", "--load-model", "mlp", "--load-model", "levels",
                        "--cache-config", f"local,size={CACHE_BYTES}")
     yield srv
     srv.stop()
@@ -270,3 +272,19 @@ def test_response_cache_without_a_server_cache_fails_the_load(tmp_path):
         client = httpclient.InferenceServerClient(srv.http_url)
         with pytest.raises(InferenceServerException, match="response_cache.enable needs"):
             client.load_model("cached")
+
+
+def test_a_priority_levels_own_queue_policy_loads_and_each_level_serves(server):
+    """(Each level's queue bound and timeout: tests/unit/test_scheduler.py, on lanes held at a gate.)"""
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        policy = client.get_model_config("levels")["dynamic_batching"]["priority_queue_policy"]["1"]
+        assert int(policy["max_queue_size"]) == 4 and int(policy["default_timeout_microseconds"]) == 1_000_000
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        for priority in (0, 1, 2):
+            tensor = httpclient.InferInput("INPUT", [1, 4], "FP32")
+            tensor.set_data_from_numpy(x)
+            got = client.infer("levels", [tensor], priority=priority).as_numpy("OUTPUT")
+            np.testing.assert_array_equal(got, 2 * x)
+    finally:
+        client.close()

@@ -11,7 +11,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from gt_serve.testing import model_builders as mb
 from gt_serve.backends.onnx_runner import GraphTensor, OnnxRunner
+from gt_serve.core.batch_policy import BatchConfig
+from gt_serve.core.batcher import Batcher, QueuePolicy
 from gt_serve.core.model_config import complete_config, parse_pbtxt, spec_from_config
+from gt_serve.core.model_host import batching_from_config
 from gt_serve.core.model_config_fields import (
     FIELDS,
     IGNORED,
@@ -88,7 +91,18 @@ def test_refused_top_level_fields_fail_the_load_naming_them(path):
     ('input [ { name: "INPUT" allow_ragged_batch: true } ]', "input.allow_ragged_batch"),
     ('output [ { name: "OUTPUT" is_non_linear_format_io: true } ]', "output.is_non_linear_format_io"),
     ("dynamic_batching { priority_queue_policy { key: 1 value: { max_queue_size: 2 } } }",
-     "dynamic_batching.priority_queue_policy"),
+     "dynamic_batching.priority_queue_policy needs priority_levels"),
+    # Triton's own checks, in its words
+    ("dynamic_batching { priority_levels: 2 }", r"default priority level must be in range [1, 2] for m"),
+    ("dynamic_batching { priority_levels: 2 default_priority_level: 1 priority_queue_policy { key: 3 value: { } } }",
+     r"priority queue policy must have priority level in range [1, 2] for m"),
+    ("dynamic_batching { priority_levels: 2 default_priority_level: 1 preserve_ordering: true }",
+     "Only one priority level is allowed when 'preserve_ordering' is true for m"),
+    ("dynamic_batching { preserve_ordering: true default_queue_policy { timeout_action: DELAY "
+     "default_timeout_microseconds: 100 } }", "Queue policy can not have DELAY as timeout action when"),
+    ("dynamic_batching { preserve_ordering: true priority_levels: 1 default_priority_level: 1 priority_queue_policy "
+     "{ key: 1 value: { timeout_action: DELAY default_timeout_microseconds: 100 } } }",
+     "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for m"),
     ("optimization { cuda { graphs: true } }", "optimization.cuda"),
     ("optimization { priority: PRIORITY_MAX }", "optimization.priority"),
     ('instance_group [ { kind: KIND_CPU rate_limiter { priority: 1 } } ]', "instance_group.rate_limiter"),
@@ -105,8 +119,21 @@ def test_refused_top_level_fields_fail_the_load_naming_them(path):
       'parameters { key: "bogus" value: "1" } } ] } }'), "bogus"),
 ])
 def test_refused_values_name_the_field(text, named):
-    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.").replace("[", r"\[")):
         spec_from_config(_complete("max_batch_size: 8\n" + text), Path("/nonexistent"))
+
+
+def test_priority_levels_get_their_own_queue_policies():
+    cfg = _complete("max_batch_size: 8\ndynamic_batching { priority_levels: 3 default_priority_level: 3\n"
+                    "  default_queue_policy { max_queue_size: 4 }\n"
+                    "  priority_queue_policy { key: 1 value: { max_queue_size: 2 default_timeout_microseconds: 5000\n"
+                    "    timeout_action: DELAY allow_timeout_override: false } } }")
+    _, default, levels, default_level, level_policies = batching_from_config(cfg, {"max_queue_size": 6})
+    assert (default.max_queue_size, levels, default_level) == (6, 3, 3)  # the node YAML's knob: the default's
+    assert level_policies == {1: QueuePolicy(2, 0.005, False, False)}
+    batcher = Batcher("m", BatchConfig(8), default, wake=lambda: None, priority_levels=levels,
+                      default_priority=default_level, level_policies=level_policies)
+    assert batcher.policies == [level_policies[1], default, default]
 
 
 def test_ignored_fields_load():

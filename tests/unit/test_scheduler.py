@@ -88,10 +88,11 @@ async def scheduled(n_lanes=1):
 
 
 def make_batcher(sched, lanes, gate, name, mbs=8, delay_s=0.0, policy=QueuePolicy(), levels=0, weight=1.0,
-                 launch="never"):
+                 launch="never", level_policies=None, default_level=0):
     """The model's executor (submit, pending, batcher) on `lanes`, registered with `sched`; with `launch`, its
     batches are launched (`Gate.launchable`)."""
-    batcher = Batcher(name, BatchConfig(mbs, (), delay_s), policy, wake=sched.notify, priority_levels=levels)
+    batcher = Batcher(name, BatchConfig(mbs, (), delay_s), policy, wake=sched.notify, priority_levels=levels,
+                      level_policies=level_policies, default_priority=default_level)
     jobs = gate.job_factory if launch == "never" else gate.launchable
     executor = ModelExecutor(batcher, {lane: name for lane in lanes}, jobs,
                              BatchCompletion(name, ModelStats(name, "1")), sched,
@@ -147,7 +148,7 @@ def test_full_queue_is_refused_at_once_and_timeouts_fail_clearly():
             queued = [submit(b, 1), submit(b, 2)]
             with pytest.raises(QueueFull, match="queue is full"):
                 submit(b, 3)
-            b.batcher.policy = QueuePolicy(max_queue_size=3)
+            b.batcher.policies = [QueuePolicy(max_queue_size=3)]
             late = submit(b, 4, deadline_s=time.monotonic() + 0.05)
             with pytest.raises(DeadlineExceeded, match="timed out in the queue"):
                 await asyncio.wait_for(late, 10)
@@ -169,6 +170,33 @@ def test_priority_levels_are_honoured():
             gate.release(3)
             await asyncio.wait_for(asyncio.gather(blocker, low, high), 10)
             assert [tags[0] for _, tags in gate.ran] == ["first", "high", "low"]
+    run(main())
+
+
+def test_each_priority_level_has_its_own_queue_policy():
+    """Triton's priority_queue_policy: a level's own queue size and timeout; the default policy for the other levels,
+    each level bounded on its own (not the model's whole queue)."""
+    async def main():
+        async with scheduled() as s:
+            gate = s.gate
+            b = s.model("m", mbs=1, levels=3, default_level=3, policy=QueuePolicy(max_queue_size=1),
+                        level_policies={1: QueuePolicy(max_queue_size=3, default_timeout_s=30.0),
+                                        2: QueuePolicy(default_timeout_s=0.01, allow_timeout_override=False)})
+            running = submit(b, "running")
+            await wait_started(gate)
+            urgent = [submit(b, f"urgent{i}", priority=1) for i in range(3)]
+            with pytest.raises(QueueFull, match=r"queue is full \(3 requests at priority level 1\)"):
+                submit(b, "one too many", priority=1)
+            low = submit(b, "low")  # the default level, 3: its own queue of one
+            with pytest.raises(QueueFull, match=r"queue is full \(1 requests at priority level 3\)"):
+                submit(b, "low too")
+            soon = submit(b, "soon", priority=2, deadline_s=time.monotonic() + 60)  # no override at level 2: 10 ms
+            with pytest.raises(DeadlineExceeded, match="timed out in the queue"):
+                await asyncio.wait_for(soon, 10)
+            gate.release(5)
+            assert await asyncio.wait_for(asyncio.gather(running, *urgent, low), 10) == \
+                [["running"], ["urgent0"], ["urgent1"], ["urgent2"], ["low"]]
+            assert [tags[0] for _, tags in gate.ran] == ["running", "urgent0", "urgent1", "urgent2", "low"]
     run(main())
 
 

@@ -45,7 +45,7 @@ def test_controls_and_states_are_the_servers_and_not_the_clients():
     assert state.initial.shape == (1, 4) and not state.initial.any()
     assert seq.hidden_outputs == ("STATE_OUT",)
     assert cfg.HasField("sequence_batching") and not cfg.HasField("dynamic_batching")
-    batch, _, _, _ = batching_from_config(cfg, {})
+    batch = batching_from_config(cfg, {})[0]
     assert (batch.max_batch_size, batch.max_queue_delay_s) == (8, 0.0002)  # the oldest strategy's queue delay
     assert not batch.preserve_ordering
     ordered = parse_pbtxt(CONFIG.replace("oldest {", "oldest { preserve_ordering: true "), "test")
