@@ -396,4 +396,3 @@ def _average(times: dict, key: tuple, ns: int, most: int, lower_only: bool = Fal
         times[key] = ns
     elif not lower_only or ns < seen:
         times[key] = seen + (ns - seen) // 4
-
