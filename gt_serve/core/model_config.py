@@ -2,8 +2,6 @@
 ONNX graph the Triton way, and the derived per-model specs the data plane validates against."""
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..errors import ConfigError, InvalidArgument
 from ..types import TensorSpec
 from .model_config_fields import check_fields
-from .repository_paths import confine, shown
+from .repository_paths import read_model_file, shown
 from .sequence_config import SequenceSettings, check_hidden, hidden_tensors, sequence_settings
 from .session_settings import SessionSettings, session_settings
 from .warmup import WarmupSample, warmup_samples
@@ -191,20 +189,14 @@ def spec_from_config(cfg: mc.ModelConfig, model_dir: Path) -> ModelSpec:
 
 
 def read_labels(model_dir: Path, label_filename: str, model: str) -> list[str]:
-    """The lines of a label file, which must be a regular file inside the model directory."""
-    path = confine(model_dir, label_filename, model=model, what="label_filename")
+    """The lines of a label file: UTF-8 text in a regular file inside the model directory, of at most
+    MAX_LABEL_FILE_BYTES (repository_paths.read_model_file: confined, no link followed, no FIFO waited on)."""
+    raw = read_model_file(model_dir, label_filename, model=model, what="label_filename", limit=MAX_LABEL_FILE_BYTES,
+                          where=f"model '{model}'")
     try:
-        # non-blocking: a FIFO is refused below instead of hanging the load; the real path has no link left
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise OSError("not a regular file")
-            data = fh.read(MAX_LABEL_FILE_BYTES + 1)
-        if len(data) > MAX_LABEL_FILE_BYTES:
-            raise OSError("too large")
-        return data.decode("utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
-        raise ConfigError(f"model '{model}': label file '{shown(label_filename)}' cannot be read as UTF-8 text "
-                          f"of at most {MAX_LABEL_FILE_BYTES} bytes") from None
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ConfigError(f"model '{model}': label file '{shown(label_filename)}' is not UTF-8 text") from None
 
 
 def config_mentions_batching(text: str) -> bool:

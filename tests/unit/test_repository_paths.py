@@ -11,7 +11,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from gt_serve.testing import model_builders as mb
 from gt_serve.backends.onnx_runner import describe_model
-from gt_serve.core.model_config import read_labels
+from gt_serve.core.model_config import MAX_LABEL_FILE_BYTES, read_labels
 from gt_serve.core.registry import ModelRegistry
 from gt_serve.core.repository_paths import (UPLOAD_PREFIX, UploadArea, check_config_paths, confine, is_plain_name,
                                             relative_parts)
@@ -82,6 +82,13 @@ def test_read_labels(tmp_path):
         read_labels(tmp_path, "fifo", "m")
     with pytest.raises(PathNotAllowed, match=OUTSIDE_MSG):
         read_labels(tmp_path, "/etc/passwd", "m")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="label file 'latin1.txt' is not UTF-8 text"):
+        read_labels(tmp_path, "latin1.txt", "m")
+    with open(tmp_path / "huge.txt", "wb") as fh:  # sparse: one byte over the bound
+        fh.truncate(MAX_LABEL_FILE_BYTES + 1)
+    with pytest.raises(ConfigError, match=f"label_filename is larger than {MAX_LABEL_FILE_BYTES} bytes"):
+        read_labels(tmp_path, "huge.txt", "m")
 
 
 def test_check_config_paths_covers_every_file_field():
