@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import sweep_servers  # noqa: E402
-from common import CpuEnergyWindow, RaplMeter, emit, triton_columns  # noqa: E402
+from common import emit, triton_columns  # noqa: E402
 from perf_sweep import MODELS, build_repo, perf_analyzer_path, perf_analyzer_point  # noqa: E402
 
 from gt_serve.testing.launcher import launch  # noqa: E402
@@ -46,17 +46,9 @@ def point(pa: str, srv: sweep_servers.Served, model: str, mode: str, protocol: s
           workdir: Path) -> dict:
     """One perf_analyzer run in one mode, with the server's CPU over it per inference it counted."""
     _, load, extra = MODES[mode]
-    window = CpuEnergyWindow(srv.pid, RaplMeter())
-    count0 = srv.inference_count(model)
-    window.start()
-    measured = perf_analyzer_point(pa, srv.url(protocol), protocol, model, 0, interval_ms, workdir, extra=extra,
-                                   load=load)
-    used = window.stop()
-    inferences = max(1, srv.inference_count(model) - count0)
-    point = {"server": srv.label, "model": model, "mode": mode, "protocol": protocol, **measured}
-    if "error" not in measured:
-        point["server_cpu_ms_per_inference"] = round(used["cpu_s"] / inferences * 1e3, 4)
-    return point
+    measured, _ = srv.measured(model, lambda: perf_analyzer_point(pa, srv.url(protocol), protocol, model, 0,
+                                                                  interval_ms, workdir, extra=extra, load=load))
+    return {"server": srv.label, "model": model, "mode": mode, "protocol": protocol, **measured}
 
 
 def table(points: list[dict]) -> str:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import sweep_servers  # noqa: E402
-from common import CpuEnergyWindow, RaplMeter, emit, triton_columns  # noqa: E402
+from common import emit, triton_columns  # noqa: E402
 from perf_sweep import perf_analyzer_path, perf_analyzer_point, raw_point  # noqa: E402
 
 from gt_serve.testing import model_builders as mb  # noqa: E402
@@ -86,20 +86,12 @@ def raw_points(onnx_path: Path, threads: int, duration_s: float) -> dict:
 
 def point(pa: str, srv: sweep_servers.Served, protocol: str, concurrency: int, a: argparse.Namespace,
           workdir: Path) -> dict:
-    window = CpuEnergyWindow(srv.pid, RaplMeter())
-    count0 = srv.inference_count("rnn")
-    window.start()
     extra = ["--sequence-length", str(a.sequence_length)] + (["--streaming"] if a.streaming and protocol == "grpc"
                                                              else [])
-    measured = perf_analyzer_point(pa, srv.url(protocol), protocol, "rnn", concurrency, a.interval_ms, workdir,
-                                   extra=extra)
-    used = window.stop()
-    inferences = max(1, srv.inference_count("rnn") - count0)
-    result = {"server": srv.label, "protocol": protocol, "concurrency": concurrency, **measured,
-              "machine_idle": used["machine_idle"]}
-    if "error" not in measured:
-        result["server_cpu_ms_per_inference"] = round(used["cpu_s"] / inferences * 1e3, 4)
-    return result
+    measured, used = srv.measured("rnn", lambda: perf_analyzer_point(pa, srv.url(protocol), protocol, "rnn",
+                                                                     concurrency, a.interval_ms, workdir, extra=extra))
+    return {"server": srv.label, "protocol": protocol, "concurrency": concurrency, **measured,
+            "machine_idle": used["machine_idle"]}
 
 
 def table(points: list[dict], raw: dict) -> str:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import CpuEnergyWindow, RaplMeter
+
 from gt_serve.datatypes import element_count, numpy_dtype
 
 LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
@@ -38,6 +40,19 @@ class Served:
         with LOOPBACK.open(f"http://127.0.0.1:{self.http_port}/v2/models/{model}/stats", timeout=10) as r:
             stats = json.load(r)
         return sum(int(s.get("inference_count", 0)) for s in stats.get("model_stats", []))
+
+    def measured(self, model: str, run: Callable[[], dict]) -> tuple[dict, dict]:
+        """`run()`'s figures (one perf_analyzer point at this server) with the server's CPU over the run per inference
+        it counted of `model` (`server_cpu_ms_per_inference`, where the point has no error), and the CPU window's."""
+        window = CpuEnergyWindow(self.pid, RaplMeter())
+        count0 = self.inference_count(model)
+        window.start()
+        measured = run()
+        used = window.stop()
+        if "error" not in measured:
+            inferences = max(1, self.inference_count(model) - count0)
+            measured = {**measured, "server_cpu_ms_per_inference": round(used["cpu_s"] / inferences * 1e3, 4)}
+        return measured, used
 
 
 def cpu_model() -> str:
