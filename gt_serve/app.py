@@ -157,7 +157,7 @@ class App:
                                          replica_elsewhere=lambda m: bool(self.fleet_link and self.fleet_link.targets_for(m)))
             self.metric_providers.append(memory_metric_provider(self.memory))
         control = ModelControl(self.registry, s.model_control_mode, energy_totals=self.energy.totals,
-                               memory=self.memory)
+                               memory=self.memory, op_libraries=s.op_libraries)
         self.fleet_link = FleetLink(cfg.cluster.max_hops) if cfg.telemetry.enabled else None
         try:
             return DataPlane(self.registry, control, self.readiness, fleet=self.fleet_link,

@@ -208,13 +208,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HTTP: longest time for a request's line and headers, from its first byte (default 10)")
     p.add_argument("--body-timeout-s", type=float, metavar="S",
                    help="HTTP: longest time for a request's body, from the end of its headers (default 60)")
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
+    _add_access_flags(p)
+    _add_triton_flags(p)
+    return p
+
+
+def _add_access_flags(p: argparse.ArgumentParser) -> None:
+    """Who may do what: the API and metrics tokens, and what a load request's config may name."""
     p.add_argument("--auth-token", help="require 'Authorization: Bearer TOKEN' (health endpoints stay open); or GT_AUTH_TOKEN")
     p.add_argument("--metrics-auth", choices=["same", "token", "none"],
                    help="metrics port auth: same = the --auth-token (default), token = --metrics-token, none = open")
     p.add_argument("--metrics-token", help="bearer token for the metrics port with --metrics-auth token; or GT_METRICS_TOKEN")
-    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
-    _add_triton_flags(p)
-    return p
+    p.add_argument("--op-library", action="append", dest="op_libraries", metavar="PATH",
+                   help="a custom-operator library a load request's config may name in model_operations; repeatable")
 
 
 def _log_to_stderr(cfg, worker: WorkerSpec | None) -> None:
@@ -261,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["tracing"] = _trace_overrides(args)
     if args.load_models:
         overrides["load_models"] = tuple(args.load_models)
+    if args.op_libraries:
+        overrides["op_libraries"] = tuple(args.op_libraries)
     if args.request_timeout_ms is not None:
         overrides["request_timeout_s"] = args.request_timeout_ms / 1000.0
     try:

@@ -86,6 +86,9 @@ class ServerConfig:
     grpc_root_cert: str | None = None
     grpc_use_ssl_mutual: bool = False
     metrics_use_ssl: bool = False  # the metrics port over HTTPS with the HTTP certificate (no client certificates)
+    # custom-operator libraries (model_operations.op_library_filename) that a load request's config may name too;
+    # the repository's own configs may name any (the operator's), a request's only these: loading one runs its code
+    op_libraries: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import threading
+from types import SimpleNamespace
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -291,6 +292,12 @@ def _session_options(ort, settings: Any, intra_op_threads: int, inter_op_threads
     for key, value in entries.items():
         opts.add_session_config_entry(key, value)
     opts.log_severity_level = 3
+    for library in getattr(settings, "op_libraries", ()):  # model_operations, as Triton's onnxruntime backend
+        try:
+            opts.register_custom_ops_library(library)
+        except Exception as exc:  # the config's error, naming the library
+            raise InvalidArgument(f"model_operations op_library_filename '{library}' could not be loaded: "
+                                  f"{exc}") from None
     return opts
 
 
@@ -383,9 +390,10 @@ def _as_str_array(array: np.ndarray) -> np.ndarray:
     return out.reshape(array.shape)
 
 
-def describe_model(model_path: str) -> tuple[list[GraphTensor], list[GraphTensor]]:
-    """Inputs and outputs of an ONNX file, read with a throwaway CPU session."""
-    runner = OnnxRunner(model_path, intra_op_threads=1)
+def describe_model(model_path: str, op_libraries: tuple[str, ...] = ()) -> tuple[list[GraphTensor], list[GraphTensor]]:
+    """Inputs and outputs of an ONNX file, read with a throwaway CPU session (with the custom-operator libraries
+    its config names: a graph of their operators cannot be read without them)."""
+    runner = OnnxRunner(model_path, intra_op_threads=1, settings=SimpleNamespace(op_libraries=op_libraries))
     try:
         return runner.inputs, runner.outputs
     finally:

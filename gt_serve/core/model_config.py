@@ -28,8 +28,9 @@ _V2_TO_TYPE = {
 }
 _TYPE_TO_V2 = {v: k for k, v in _V2_TO_TYPE.items()}
 
-# describe(model_path) -> (inputs, outputs); each item has .name, .datatype (V2), .dims (incl. batch dim, -1 symbolic)
-Describe = Callable[[str], tuple[list, list]]
+# describe(model_path, op_libraries) -> (inputs, outputs); each item has .name, .datatype (V2), .dims (incl. batch
+# dim, -1 symbolic); op_libraries: the custom-operator libraries the model's config names (model_operations)
+Describe = Callable[[str, tuple[str, ...]], tuple[list, list]]
 
 
 def v2_from_config_type(data_type: int) -> str:

@@ -51,7 +51,9 @@ FIELDS: dict[str, tuple[str, str]] = {
     "batch_output": (REFUSED, "batch outputs (ragged batching) are not implemented"),
     "optimization": (PARTIAL, ""),
     "optimization.graph": (HONOURED, "level -1 basic, 1 extended, 2 disabled, 0 all (Triton's mapping)"),
-    "optimization.priority": (REFUSED, "model priorities are not implemented"),
+    "optimization.priority": (IGNORED, "Triton sets its scheduler threads' nice level (and GPU stream priority) "
+                              "from it; gt_serve's models share one event loop and its lanes: no thread is "
+                              "the model's"),
     "optimization.cuda": (REFUSED, _TRT),
     "optimization.execution_accelerators": (HONOURED, "cpu: openvino; gpu: tensorrt, cuda"),
     "optimization.input_pinned_memory": (IGNORED, "host buffers come from the lanes' pools"),
@@ -91,7 +93,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "instance_group.name": (IGNORED, "a label"),
     "instance_group.kind": (HONOURED, "KIND_CPU, KIND_GPU (needs GPU lanes), KIND_AUTO; KIND_MODEL refused"),
     "instance_group.count": (HONOURED, "lanes of that kind the model runs on"),
-    "instance_group.rate_limiter": (REFUSED, "the rate limiter is not implemented"),
+    "instance_group.rate_limiter": (IGNORED, "gt_serve does not rate-limit: Triton too loads it and ignores it with "
+                                    "its default --rate-limit=off"),
     "instance_group.gpus": (HONOURED, ""),
     "instance_group.secondary_devices": (REFUSED, "secondary devices are not implemented"),
     "instance_group.profile": (REFUSED, _TRT),
@@ -102,7 +105,9 @@ FIELDS: dict[str, tuple[str, str]] = {
     "metric_tags": (REFUSED, "custom metric labels are not implemented"),
     "parameters": (HONOURED, "the onnxruntime backend's keys; unknown keys are refused"),
     "model_warmup": (HONOURED, "zero_data, random_data, input_data_file; on every lane before READY"),
-    "model_operations": (REFUSED, "custom operator libraries are not loaded"),
+    "model_operations": (HONOURED, "op_library_filename: custom-operator libraries registered with every session of "
+                         "the model, as Triton's onnxruntime backend does; a load request's config may name only "
+                         "those in server.op_libraries"),
     "model_transaction_policy": (HONOURED, "decoupled: false only"),
     "model_repository_agents": (REFUSED, "repository agents are not implemented"),
     "response_cache": (HONOURED, "needs the server-wide cache (server.response_cache_bytes)"),

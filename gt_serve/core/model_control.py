@@ -13,10 +13,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import GtServeError, InvalidArgument, ModelNotFound, Unsupported
+from ..errors import GtServeError, InvalidArgument, ModelNotFound, PathNotAllowed, Unsupported
 from .memory_budget import MemoryGovernor
+from .model_config import parse_json_override
 from .pipeline import StageInfo
 from .registry import READY, ModelRegistry
+from .repository_paths import check_request_libraries
 
 
 class Readiness:
@@ -46,9 +48,12 @@ class ModelControl:
     `energy_totals`: () -> {"models", "devices", "total"} added to the statistics (NodeEnergy.totals)."""
 
     def __init__(self, registry: ModelRegistry, mode: str = "none",
-                 energy_totals: Callable[[], dict] | None = None, memory: MemoryGovernor | None = None) -> None:
-        """`memory`: the model-memory budget (core/memory_budget.py): a load past it evicts idle models."""
+                 energy_totals: Callable[[], dict] | None = None, memory: MemoryGovernor | None = None,
+                 op_libraries: tuple[str, ...] = ()) -> None:
+        """`memory`: the model-memory budget (core/memory_budget.py): a load past it evicts idle models;
+        `op_libraries`: the custom-operator libraries a load request's config may name (server.op_libraries)."""
         self._registry = registry
+        self._op_libraries = frozenset(op_libraries)
         self._memory = memory
         self._mode = mode
         self._energy_totals = energy_totals
@@ -124,6 +129,8 @@ class ModelControl:
                 config = bytes(config).decode("utf-8", "replace")
             else:
                 raise InvalidArgument(f"failed to load '{name}': parameter 'config' must be a JSON string")
+        if config is not None:
+            _check_libraries(name, config, self._op_libraries)
         files = decode_load_files(parameters)
         verify_checksums(name, parameters.get(CHECKSUM_PARAMETER), files)
         await self._registry.load(name, config, files)
@@ -136,6 +143,18 @@ class ModelControl:
         if self._memory is not None:
             self._memory.forget(name)
         await self._registry.unload(name, unload_dependents)
+
+
+def _check_libraries(name: str, config: str, allowed: frozenset[str]) -> None:
+    """A load request's config names no custom-operator library but those the operator allowed."""
+    try:
+        cfg = parse_json_override(config, name)
+    except GtServeError:
+        return  # the registry's load answers a config it cannot read, as it answers any other
+    try:
+        check_request_libraries(cfg, name, allowed)
+    except PathNotAllowed as exc:
+        raise PathNotAllowed(f"failed to load '{name}': {exc.message}") from None
 
 
 def decode_load_files(parameters: dict[str, Any]) -> dict[str, bytes]:

@@ -235,7 +235,7 @@ class ModelRegistry:
             raise InvalidArgument(f"no version directory with '{shown(filename)}' in the model directory")
         chosen = _apply_version_policy(base, available)
         paths = {v: confine(model_dir, f"{v}/{filename}", model=name, what="default_model_filename") for v in chosen}
-        graph_in, graph_out = self._describe_file(name, model_dir, paths[chosen[0]])
+        graph_in, graph_out = self._describe_file(name, model_dir, paths[chosen[0]], base)
         opened: dict[str, LoadedModel] = {}
         try:
             for version in chosen:
@@ -243,7 +243,7 @@ class ModelRegistry:
                 cfg.CopyFrom(base)
                 path = paths[version]
                 if version != chosen[0]:
-                    graph_in, graph_out = self._describe_file(name, model_dir, path)
+                    graph_in, graph_out = self._describe_file(name, model_dir, path, base)
                 complete_config(cfg, name, graph_in, graph_out, explicit)
                 spec = spec_from_config(cfg, model_dir)
                 draft = LoadedModel(name, str(version), path, cfg, spec, ModelStats(name, str(version)))
@@ -279,10 +279,10 @@ class ModelRegistry:
         return {str(v): LoadedModel(name, str(v), model_dir / str(v), cfg, spec, ModelStats(name, str(v)),
                                     ensemble=plan) for v in _apply_version_policy(cfg, available)}
 
-    def _describe_file(self, name: str, model_dir: Path, path: Path) -> tuple[list, list]:
+    def _describe_file(self, name: str, model_dir: Path, path: Path, cfg: mc.ModelConfig) -> tuple[list, list]:
         """The graph's inputs and outputs; a file the backend cannot parse is the client's error, not ours."""
         try:
-            return self._describe(str(path))
+            return self._describe(str(path), tuple(cfg.model_operations.op_library_filename))
         except GtServeError:
             raise
         except Exception as exc:

@@ -5,9 +5,11 @@ The rules (SECURITY.md lists them too):
 - a model name is a plain name: not empty, at most 255 bytes, no '/', '\\', NUL or control character,
   not starting with '.';
 - a file a config names (output label_filename, default_model_filename, cc_model_filenames, warm-up
-  input_data_file) and the path of a 'file:' upload is relative: not empty, no absolute path, no '..'
-  component, no '\\', NUL or control character;
-- it must also resolve, symlinks followed, inside the real path of the model directory.
+  input_data_file, a state's initial data_file) and the path of a 'file:' upload is relative: not empty, no
+  absolute path, no '..' component, no '\\', NUL or control character;
+- it must also resolve, symlinks followed, inside the real path of the model directory;
+- a custom-operator library (model_operations) is a server-side path, given to onnxruntime as written (no
+  control character); a load request's config may name only the libraries listed in server.op_libraries.
 A rejected path gets one message whatever lies at the target: the checks never look outside the model
 directory, so an answer cannot tell what exists there.
 """
@@ -112,6 +114,21 @@ def check_config_paths(cfg: mc.ModelConfig, model: str) -> None:
         for initial in state.initial_state:
             if initial.data_file:
                 check_relative(model, f"state '{shown(state.input_name)}' initial_state data_file", initial.data_file)
+    for library in cfg.model_operations.op_library_filename:
+        if not library or _has_control(library):
+            raise PathNotAllowed(f"model '{shown(model)}': model_operations op_library_filename '{shown(library)}' "
+                                 "must be a non-empty path without control characters")
+
+
+def check_request_libraries(cfg: mc.ModelConfig, model: str, allowed: frozenset[str]) -> None:
+    """A load request's config may name only the custom-operator libraries the operator allowed
+    (server.op_libraries): registering one runs its code in the server. The repository's own configs are the
+    operator's, and may name any."""
+    for library in cfg.model_operations.op_library_filename:
+        if library not in allowed:
+            raise PathNotAllowed(f"model '{shown(model)}': model_operations op_library_filename '{shown(library)}' "
+                                 "is not one the server allows a load request to name (server.op_libraries, "
+                                 "--op-library); put the config in the model repository or ask the operator")
 
 
 class UploadArea:

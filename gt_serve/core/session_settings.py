@@ -2,7 +2,8 @@
 backend reads them: `parameters` (intra_op_thread_count, inter_op_thread_count, execution_mode,
 enable_mem_arena, enable_mem_pattern, memory.enable_memory_arena_shrinkage, session.* entries, and the
 older CUDA keys cudnn_conv_algo_search / gpu_mem_limit / arena_extend_strategy / do_copy_in_default_stream),
-`optimization.graph.level` and `optimization.execution_accelerators`; plus the tensors' reshapes.
+`optimization.graph.level`, `optimization.execution_accelerators` and `model_operations` (custom-operator
+libraries); plus the tensors' reshapes.
 
 Plain data: backends/onnx_runner.py applies it to each session and checks the providers it really got.
 An unknown key or accelerator is refused here, naming it.
@@ -61,6 +62,7 @@ class SessionSettings:
     input_reshape: tuple[tuple[str, tuple[int, ...]], ...] = ()  # name -> the graph's shape (no batch dim)
     output_reshape: tuple[tuple[str, tuple[int, ...]], ...] = ()  # name -> the client's dims (no batch dim)
     batched: bool = False  # with reshapes: dim 0 is the batch and is kept
+    op_libraries: tuple[str, ...] = ()  # model_operations.op_library_filename: registered with each session
 
     def describe(self) -> str:
         parts = [f"{k}={v}" for k, v in (("intra_op_threads", self.intra_op_threads),
@@ -94,6 +96,7 @@ def session_settings(cfg: mc.ModelConfig) -> SessionSettings | None:
     values["output_reshape"] = tuple((t.name, tuple(int(d) for d in t.dims)) for t in cfg.output if t.HasField("reshape"))
     if values["input_reshape"] or values["output_reshape"]:
         values["batched"] = cfg.max_batch_size > 0
+    values["op_libraries"] = tuple(cfg.model_operations.op_library_filename)  # repository_paths checked them
     settings = SessionSettings(**values)
     return None if settings == SessionSettings() else settings
 

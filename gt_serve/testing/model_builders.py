@@ -12,11 +12,13 @@ OPSET = 17
 IR_VERSION = 9
 
 
-def _save(graph, path: Path) -> None:
+def _save(graph, path: Path, domains: tuple[str, ...] = ()) -> None:
+    """`domains`: custom-operator domains the graph uses (version 1 of each)."""
     import onnx
     from onnx import helper
 
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, 1) for d in domains]
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -177,6 +179,17 @@ def string_identity(path: Path) -> None:
     out = helper.make_tensor_value_info("OUTPUT", TensorProto.STRING, ["batch", "n"])
     node = helper.make_node("Identity", ["INPUT"], ["OUTPUT"])
     _save(helper.make_graph([node], "strings", [inp], [out]), path)
+
+
+def string_lower(path: Path) -> None:
+    """BYTES INPUT [B, N] -> OUTPUT lower-cased by StringLower, a custom operator of onnxruntime-extensions
+    (domain ai.onnx.contrib): a session needs that package's library (model_operations) to load it."""
+    from onnx import TensorProto, helper
+
+    inp = helper.make_tensor_value_info("INPUT", TensorProto.STRING, ["batch", "n"])
+    out = helper.make_tensor_value_info("OUTPUT", TensorProto.STRING, ["batch", "n"])
+    node = helper.make_node("StringLower", ["INPUT"], ["OUTPUT"], domain="ai.onnx.contrib")
+    _save(helper.make_graph([node], "lower", [inp], [out]), path, domains=("ai.onnx.contrib",))
 
 
 def dtype_identity(path: Path) -> None:

@@ -62,8 +62,7 @@ REFUSED = {
     "openvino": ('optimization { execution_accelerators { cpu_execution_accelerator: [ { name: "openvino" } ] } }\n',
                  "openvino"),
     "badparam": ('parameters { key: "no_such_knob" value: { string_value: "1" } }\n', "no_such_knob"),
-    "ratelimit": ('instance_group [ { kind: KIND_CPU rate_limiter { priority: 1 } } ]\n',
-                  "instance_group.rate_limiter"),
+    "passive": ('instance_group [ { kind: KIND_CPU passive: true } ]\n', "instance_group.passive"),
     "pytorch": ('backend: "pytorch"\n', "backend"),
 }
 

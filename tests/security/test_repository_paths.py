@@ -270,6 +270,45 @@ def test_garbage_onnx_over_grpc_is_invalid_argument(env):
     assert upload_leftovers(env["tmpdir"]) == []
 
 
+# ------------------------------------------------------------------------------------------------ op libraries
+
+def mapped(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_a_load_request_cannot_make_the_server_load_a_library(env):
+    """model_operations: registering a library runs its code in the server, so a load request's config may name
+    only the libraries the operator listed (--op-library; none here). A real library, uploaded with the request
+    and named by its relative path, or on disk and named by its absolute path: refused before anything is written
+    or loaded, never mapped into the server, and the server serves on."""
+    import onnxruntime_extensions
+
+    srv, tmpdir, outside = env["srv"], env["tmpdir"], env["outside"]
+    library = Path(onnxruntime_extensions.get_library_path()).read_bytes()
+    on_disk = outside / "libondisk.so"
+    on_disk.write_bytes(library)
+    onnx_bytes = (env["repo"] / "classifier" / "1" / "model.onnx").read_bytes()
+    for named in ("libuploaded.so", "1/libuploaded.so", str(on_disk)):
+        config = classifier_config("with_ops", model_operations={"op_library_filename": [named]})
+        status, body = http_load(srv, "with_ops", config, {"file:1/model.onnx": onnx_bytes,
+                                                           "file:libuploaded.so": library})
+        assert status == 400, (named, body)
+        assert "not one the server allows a load request to name" in error_of(body) and "--op-library" in body
+        assert upload_leftovers(tmpdir) == []
+    c = grpcclient.InferenceServerClient(srv.grpc_url)
+    try:
+        config = json.dumps(classifier_config("with_ops", model_operations={"op_library_filename": [str(on_disk)]}))
+        status, message = grpc_error(lambda: c.load_model("with_ops", config=config))
+        assert status == "StatusCode.INVALID_ARGUMENT" and "not one the server allows" in message
+        assert not c.is_model_ready("with_ops")
+    finally:
+        c.close()
+    maps = mapped(srv.pid)
+    assert "libuploaded" not in maps and str(on_disk) not in maps and "onnxruntime_extensions" not in maps
+    assert "with_ops" not in index(srv)
+    assert len(classify(srv)) == 3
+
+
 # ------------------------------------------------------------------------------------------------ model names
 
 def test_unknown_names_answer_alike_over_grpc(env):

@@ -104,8 +104,8 @@ def test_refused_top_level_fields_fail_the_load_naming_them(path):
      "{ key: 1 value: { timeout_action: DELAY default_timeout_microseconds: 100 } } }",
      "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for m"),
     ("optimization { cuda { graphs: true } }", "optimization.cuda"),
-    ("optimization { priority: PRIORITY_MAX }", "optimization.priority"),
-    ('instance_group [ { kind: KIND_CPU rate_limiter { priority: 1 } } ]', "instance_group.rate_limiter"),
+    ("instance_group [ { kind: KIND_CPU passive: true } ]", "instance_group.passive"),
+    ('instance_group [ { kind: KIND_CPU host_policy: "numa0" } ]', "instance_group.host_policy"),
     ("instance_group [ { kind: KIND_MODEL } ]", "KIND_MODEL"),
     ('platform: "ensemble"', "ensemble"),
     ('platform: "tensorflow_savedmodel"', "platform"),
@@ -139,9 +139,14 @@ def test_priority_levels_get_their_own_queue_policies():
 def test_ignored_fields_load():
     ignored = [p for p, (cls, _) in FIELDS.items() if cls == IGNORED]
     assert "instance_group.name" in ignored and "optimization.input_pinned_memory" in ignored
-    _complete('max_batch_size: 8\ninput [ { name: "INPUT" format: FORMAT_NHWC } ]\n'
-              "optimization { input_pinned_memory { enable: false } eager_batching: true }\n"
-              'instance_group [ { name: "g" kind: KIND_CPU } ]')
+    assert "optimization.priority" in ignored and "instance_group.rate_limiter" in ignored
+    cfg = _complete('max_batch_size: 8\ninput [ { name: "INPUT" format: FORMAT_NHWC } ]\n'
+                    "optimization { input_pinned_memory { enable: false } eager_batching: true\n"
+                    "  priority: PRIORITY_MIN }\n"
+                    'instance_group [ { name: "g" kind: KIND_CPU rate_limiter { resources [ { name: "R1" count: 2 } ]\n'
+                    "  priority: 2 } } ]")
+    spec_from_config(cfg, Path("/nonexistent"))  # Triton loads both (its rate limiter is off by default)
+    assert cfg.instance_group[0].rate_limiter.resources[0].count == 2  # and the config shows them as written
 
 
 def test_onnxruntime_parameters_are_read_like_tritons_backend():
