@@ -109,7 +109,8 @@ FIELDS: dict[str, tuple[str, str]] = {
                          "the model, as Triton's onnxruntime backend does; a load request's config may name only "
                          "those in server.op_libraries"),
     "model_transaction_policy": (HONOURED, "decoupled: false only"),
-    "model_repository_agents": (REFUSED, "repository agents are not implemented"),
+    "model_repository_agents": (HONOURED, "Triton's checksum agent (MD5:FILE digests checked before the load, "
+                                "core/model_dir.py); other agents are refused"),
     "response_cache": (HONOURED, "needs the server-wide cache (server.response_cache_bytes)"),
     "model_metrics": (REFUSED, "per-model metric settings are not implemented"),
 }

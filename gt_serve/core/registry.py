@@ -16,8 +16,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..errors import (Code, GtServeError, Internal, InvalidArgument, InvalidModelFile, ModelNotFound, PathNotAllowed,
                       Unavailable)
 from .ensemble import EnsemblePlan, Step, is_ensemble, load_step_models, prepare_ensemble
-from .model_config import (Describe, ModelSpec, complete_config, config_mentions_batching, parse_json_override,
-                           parse_pbtxt, spec_from_config)
+from .model_config import Describe, ModelSpec, complete_config, spec_from_config
+from .model_dir import read_config, run_repository_agents, versions_to_load
 from .response_cache import check_cache_available
 from .repository_paths import NAME_RULE, UploadArea, check_config_paths, confine, is_plain_name, shown
 from .statistics import ModelStats
@@ -217,15 +217,16 @@ class ModelRegistry:
                           chain: tuple[str, ...]) -> tuple[str, ...]:
         """An ensemble's step models not loaded yet, loaded first (as Triton does); () for a plain model.
         `chain`: the ensembles whose loads led here, this one last (load's `_chain`: a cycle is refused)."""
-        base, _ = _read_config(name, model_dir, config_json)
+        base, _ = read_config(name, model_dir, config_json)
         if not is_ensemble(base):
             return ()
         return await load_step_models(base, chain, is_loaded=self.is_loaded, load=self.load,
                                       in_repository=lambda m: is_plain_name(m) and (self.repository / m).is_dir())
 
     def _open_versions(self, name: str, model_dir: Path, config_json: str | None) -> dict[str, LoadedModel]:
-        base, explicit = _read_config(name, model_dir, config_json)
+        base, explicit = read_config(name, model_dir, config_json)
         check_config_paths(base, name)
+        run_repository_agents(base, model_dir, name)
         if is_ensemble(base):
             return self._open_ensemble(name, model_dir, base)
         filename = base.default_model_filename or "model.onnx"
@@ -233,7 +234,7 @@ class ModelRegistry:
                             if p.is_dir() and p.name.isascii() and p.name.isdigit() and (p / filename).is_file()), reverse=True)
         if not available:
             raise InvalidArgument(f"no version directory with '{shown(filename)}' in the model directory")
-        chosen = _apply_version_policy(base, available)
+        chosen = versions_to_load(base, available)
         paths = {v: confine(model_dir, f"{v}/{filename}", model=name, what="default_model_filename") for v in chosen}
         graph_in, graph_out = self._describe_file(name, model_dir, paths[chosen[0]], base)
         opened: dict[str, LoadedModel] = {}
@@ -277,7 +278,7 @@ class ModelRegistry:
             raise InvalidArgument(f"ensemble '{name}': no version directory (Triton's layout: an empty '{name}/1/')")
         spec = spec_from_config(cfg, model_dir)
         return {str(v): LoadedModel(name, str(v), model_dir / str(v), cfg, spec, ModelStats(name, str(v)),
-                                    ensemble=plan) for v in _apply_version_policy(cfg, available)}
+                                    ensemble=plan) for v in versions_to_load(cfg, available)}
 
     def _describe_file(self, name: str, model_dir: Path, path: Path, cfg: mc.ModelConfig) -> tuple[list, list]:
         """The graph's inputs and outputs; a file the backend cannot parse is the client's error, not ours."""
@@ -329,17 +330,6 @@ class ModelRegistry:
             self._uploads.close()
 
 
-def _read_config(name: str, model_dir: Path, config_json: str | None) -> tuple[mc.ModelConfig, bool]:
-    """(the config as written or overridden, whether it states max_batch_size)."""
-    pbtxt = model_dir / "config.pbtxt"
-    if config_json is not None:
-        return parse_json_override(config_json, name), '"max_batch_size"' in config_json or "max_batch_size" in config_json
-    if pbtxt.is_file():
-        text = pbtxt.read_text()
-        return parse_pbtxt(text, f"model '{name}' config.pbtxt"), config_mentions_batching(text)
-    return mc.ModelConfig(), False
-
-
 def check_version(version: str) -> None:
     """A version string that is not a number is refused in Triton's words (its GetModelVersionFromString)."""
     text = version.strip()
@@ -350,21 +340,6 @@ def check_version(version: str) -> None:
     if text.startswith("-"):
         raise InvalidArgument(f"invalid model version specified '{version}' , version should be an integral "
                               "value > 0")
-
-
-def _apply_version_policy(cfg: mc.ModelConfig, available: list[int]) -> list[int]:
-    policy = cfg.version_policy
-    which = policy.WhichOneof("policy_choice")
-    if which == "all":
-        return available
-    if which == "specific":
-        wanted = [int(v) for v in policy.specific.versions]
-        missing = [v for v in wanted if v not in available]
-        if missing:
-            raise InvalidArgument(f"versions {missing} named by the version policy are missing")
-        return sorted(wanted, reverse=True)
-    num = policy.latest.num_versions if which == "latest" and policy.latest.num_versions > 0 else 1
-    return available[:num]
 
 
 def _no_model_dir(name: str) -> InvalidArgument:

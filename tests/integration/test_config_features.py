@@ -2,11 +2,14 @@
 model_warmup runs before READY, reshape is served with the client's shapes (and completed as Triton completes it
 for an output of the batch dimension alone), onnxruntime parameters
 reach the session (log), the response cache answers repeats (stats and /metrics; an ensemble's own requests as
-Triton caches them, its steps not run on a hit), and the fields
-gt_serve does not implement fail the load with an error naming them.
+Triton caches them, its steps not run on a hit), Triton's checksum repository agent guards a model's files (a
+changed file fails the reload and the loaded version serves on), and the fields gt_serve does not implement fail
+the load with an error naming them.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import urllib.request
 from pathlib import Path
 
@@ -67,6 +70,10 @@ REFUSED = {
 }
 
 
+SEALED = ('max_batch_size: 8\nmodel_repository_agents { agents [ { name: "checksum"\n'
+          '  parameters { key: "MD5:1/model.onnx" value: "%s" } } ] }\n')
+
+
 def _repo(root: Path) -> Path:
     mb.simple_add_sub(root / "warm" / "1" / "model.onnx")
     (root / "warm" / "config.pbtxt").write_text('name: "warm"\n' + WARM)
@@ -84,6 +91,9 @@ def _repo(root: Path) -> Path:
     for name, (text, _) in REFUSED.items():
         mb.scale(root / name / "1" / "model.onnx", factor=2.0, width=4)
         (root / name / "config.pbtxt").write_text(text)
+    mb.scale(root / "sealed" / "1" / "model.onnx", factor=2.0, width=4)
+    digest = hashlib.md5((root / "sealed" / "1" / "model.onnx").read_bytes()).hexdigest()
+    (root / "sealed" / "config.pbtxt").write_text(SEALED % digest)
     return root
 
 
@@ -94,6 +104,7 @@ def server(tmp_path_factory):
                        "--load-model", "warm", "--load-model", "reshaped", "--load-model", "tuned",
                        "--load-model", "cached", "--load-model", "argmax", "--load-model", "cached_ensemble",
                        "--load-model", "counted", "--load-model", "mlp", "--load-model", "levels",
+                       "--load-model", "sealed",
                        "--cache-config", f"local,size={CACHE_BYTES}")
     yield srv
     srv.stop()
@@ -288,3 +299,33 @@ def test_a_priority_levels_own_queue_policy_loads_and_each_level_serves(server):
             np.testing.assert_array_equal(got, 2 * x)
     finally:
         client.close()
+
+
+def _doubles(client, model: str) -> bool:
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    tensor = httpclient.InferInput("INPUT", [1, 4], "FP32")
+    tensor.set_data_from_numpy(x)
+    return bool(np.array_equal(client.infer(model, [tensor]).as_numpy("OUTPUT"), 2 * x))
+
+
+def test_the_checksum_agent_guards_the_model_files(server):
+    client = httpclient.InferenceServerClient(server.http_url)
+    path = server.repo / "sealed" / "1" / "model.onnx"
+    sealed = path.read_bytes()
+    try:
+        assert client.is_model_ready("sealed") and _doubles(client, "sealed")
+        mb.scale(path, factor=3.0, width=4)  # another model in its place: the digest no longer matches
+        with pytest.raises(InferenceServerException, match="Mismatched MD5 hash for file 1/model.onnx, expect: "):
+            client.load_model("sealed")
+        assert client.is_model_ready("sealed") and _doubles(client, "sealed")  # the loaded version serves on
+    finally:
+        path.write_bytes(sealed)
+    client.load_model("sealed")  # the file as sealed loads again
+    # a load request's config may carry the agent too: it checks the uploaded files
+    config = {"name": "sealed_upload", "max_batch_size": 8, "model_repository_agents": {"agents": [{
+        "name": "checksum", "parameters": {"MD5:1/model.onnx": hashlib.md5(sealed).hexdigest()}}]}}
+    client.load_model("sealed_upload", config=json.dumps(config), files={"file:1/model.onnx": sealed})
+    assert _doubles(client, "sealed_upload")
+    with pytest.raises(InferenceServerException, match="Mismatched MD5 hash"):
+        client.load_model("sealed_upload", config=json.dumps(config), files={"file:1/model.onnx": sealed + b" "})
+    assert _doubles(client, "sealed_upload")
