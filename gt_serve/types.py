@@ -64,9 +64,10 @@ class InferResponse:
 @dataclass(slots=True, frozen=True)
 class TensorSpec:
     """What a model declares for one input or output. `dims` exclude the batch dimension;
-    -1 marks a variable dimension."""
+    -1 marks a variable dimension. `ragged`: an input with allow_ragged_batch (any shape batches with any)."""
 
     name: str
     datatype: str
     dims: tuple[int, ...]
     optional: bool = False
+    ragged: bool = False

@@ -307,7 +307,7 @@ class DataPlane:
         """The response's tensors of an ensemble request, checked: its steps run alone or in a group; a success
         counted in the ensemble's statistics."""
         spec = model.spec
-        if spec.max_batch_size > 0 and groupable(request):
+        if spec.max_batch_size > 0 and model.ensemble.groups and groupable(request):
             groups = model.groups
             if groups is None:
                 most = min(spec.max_batch_size, self._max_batch_size or spec.max_batch_size)

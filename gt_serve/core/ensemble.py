@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -62,6 +62,9 @@ class EnsemblePlan:
     steps: tuple[Step, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    # its requests may run their steps together (core/ensemble_groups.py): not where a step model, or a nested
+    # ensemble's, has ragged batching, whose batch inputs count a group as one request (core/ragged.py)
+    groups: bool = True
 
 
 def is_ensemble(cfg: mc.ModelConfig) -> bool:
@@ -317,6 +320,7 @@ def prepare_ensemble(cfg: mc.ModelConfig, name: str, step_spec: StepSpec,
     validate_plan(plan, cfg, step_spec)
     seen: set[str] = set()
     stack = [(s.model, s.label) for s in plan.steps]
+    groups = not any(getattr(step_spec(s), "ragged", None) is not None for s in plan.steps)
     while stack:  # bounded: each loaded model is expanded once
         model, label = stack.pop()
         if model == name:
@@ -325,7 +329,8 @@ def prepare_ensemble(cfg: mc.ModelConfig, name: str, step_spec: StepSpec,
         seen.add(model)
         if inner is not None:
             stack.extend((s.model, label) for s in inner.steps)
-    return plan
+            groups = groups and inner.groups
+    return plan if groups else replace(plan, groups=False)
 
 
 def record_ensemble_success(stats, batch_size: int, request_ns: int) -> None:

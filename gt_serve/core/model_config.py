@@ -12,6 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..errors import ConfigError, InvalidArgument
 from ..types import TensorSpec
 from .model_config_fields import check_fields
+from .ragged import RaggedSettings, batch_input_targets, check_batch_inputs, ragged_settings
 from .repository_paths import read_model_file, shown
 from .sequence_config import SequenceSettings, check_hidden, hidden_tensors, sequence_settings
 from .session_settings import SessionSettings, session_settings
@@ -88,7 +89,9 @@ def complete_config(cfg: mc.ModelConfig, name: str, graph_inputs: list, graph_ou
                           f"dimension on every input and output of the ONNX graph; the graph has "
                           f"{fixed or 'no inputs or outputs'} (set max_batch_size: 0 to serve it unbatched)")
     check_hidden(cfg, name, graph_inputs, graph_outputs)
+    check_batch_inputs(cfg, name, graph_inputs)
     hidden_in, hidden_out = hidden_tensors(cfg)  # the sequence batcher's controls and states
+    hidden_in |= batch_input_targets(cfg)  # ragged batching's batch inputs (core/ragged.py)
     _merge_tensors(cfg, cfg.input, [g for g in graph_inputs if g.name not in hidden_in], "input", name)
     _merge_tensors(cfg, cfg.output, [g for g in graph_outputs if g.name not in hidden_out], "output", name)
     if not cfg.HasField("version_policy"):
@@ -148,6 +151,7 @@ class ModelSpec:
     session: SessionSettings | None = None
     warmup: tuple[WarmupSample, ...] = ()
     sequence: SequenceSettings | None = None  # sequence_batching (core/sequences.py); None for a stateless model
+    ragged: RaggedSettings | None = None  # allow_ragged_batch, batch_input, batch_output (core/ragged.py)
 
 
 def _check_reshape(t, graph_dims, what: str, name: str) -> None:
@@ -180,13 +184,14 @@ def _product(dims) -> int:
 def spec_from_config(cfg: mc.ModelConfig, model_dir: Path) -> ModelSpec:
     def specs(tensors):
         return {t.name: TensorSpec(t.name, v2_from_config_type(t.data_type), tuple(int(d) for d in t.dims),
-                                   bool(getattr(t, "optional", False))) for t in tensors}
+                                   bool(getattr(t, "optional", False)), bool(getattr(t, "allow_ragged_batch", False)))
+                for t in tensors}
 
     labels = {out.name: read_labels(model_dir, out.label_filename, cfg.name) for out in cfg.output if out.label_filename}
     sequence = sequence_settings(cfg, model_dir)
     return ModelSpec(cfg.name, int(cfg.max_batch_size), specs(cfg.input), specs(cfg.output),
                      tuple(t.name for t in cfg.input), tuple(t.name for t in cfg.output), labels,
-                     session_settings(cfg), warmup_samples(cfg, model_dir, sequence), sequence)
+                     session_settings(cfg), warmup_samples(cfg, model_dir, sequence), sequence, ragged_settings(cfg))
 
 
 def read_labels(model_dir: Path, label_filename: str, model: str) -> list[str]:

@@ -18,6 +18,8 @@ _ENSEMBLE_ONLY = "platform 'ensemble' only: steps checked as a DAG at load (core
 _TRT = "a TensorRT-backend setting; the onnxruntime backend does not read it"
 _NO_SLOTS = ("every live sequence runs, each request in a batch with other sequences' (Oldest's batches); there are "
              "no slots and no backlog (core/sequences.py)")
+_RAGGED = ("requests of any shape batch together; the model gets the batch's tensors flattened and concatenated, "
+           "as Triton's onnxruntime backend gives them (core/ragged.py)")
 _IN_ORDER = ("answers in the order their requests were taken into batches, a gRPC stream's too; cache hits after "
              "the batches taken before them (core/answer_order.py)")
 
@@ -36,7 +38,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "input.dims": (HONOURED, "the client-facing shape"),
     "input.reshape": (HONOURED, "the model's tensor shape; requests are reshaped before the run"),
     "input.is_shape_tensor": (REFUSED, "shape tensors are a TensorRT feature"),
-    "input.allow_ragged_batch": (REFUSED, "ragged batching is not implemented"),
+    "input.allow_ragged_batch": (HONOURED, _RAGGED),
     "input.optional": (HONOURED, "the input may be left out of a request"),
     "input.is_non_linear_format_io": (REFUSED, "non-linear I/O formats are a TensorRT feature"),
     "output": (PARTIAL, ""),
@@ -47,8 +49,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "output.label_filename": (HONOURED, "classification labels"),
     "output.is_shape_tensor": (REFUSED, "shape tensors are a TensorRT feature"),
     "output.is_non_linear_format_io": (REFUSED, "non-linear I/O formats are a TensorRT feature"),
-    "batch_input": (REFUSED, "batch inputs (ragged batching) are not implemented"),
-    "batch_output": (REFUSED, "batch outputs (ragged batching) are not implemented"),
+    "batch_input": (HONOURED, "all six kinds, TYPE_INT32 or TYPE_FP32, made for each batch (core/ragged.py)"),
+    "batch_output": (HONOURED, "BATCH_SCATTER_WITH_INPUT_SHAPE: split back by each request's input shape"),
     "optimization": (PARTIAL, ""),
     "optimization.graph": (HONOURED, "level -1 basic, 1 extended, 2 disabled, 0 all (Triton's mapping)"),
     "optimization.priority": (IGNORED, "Triton sets its scheduler threads' nice level (and GPU stream priority) "

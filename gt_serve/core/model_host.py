@@ -169,7 +169,7 @@ class LocalModelHost:
             measure.before_warmup()
             try:
                 placed.warmup = run_warmup(model.name, model.version, model.spec.warmup, placed.runners,
-                                           list(model.spec.output_order))
+                                           list(model.spec.output_order), model.spec.ragged)
             except Exception:
                 placed.close()
                 raise
@@ -247,7 +247,10 @@ class LocalModelHost:
                                  BatchCompletion(model.name, model.stats, self._energy_observer,
                                                  AnswerOrder() if batch_cfg.preserve_ordering else None),
                                  self.scheduler, model.spec, version=model.version,
-                                 weight=float(knobs.get("weight", 1.0)), inline_max_ns=self._inline_max_ns,
+                                 weight=float(knobs.get("weight", 1.0)),
+                                 # a ragged model's run time follows its requests' lengths, which its shape key
+                                 # does not tell apart: its batches never run on the loop's thread (core/ragged.py)
+                                 inline_max_ns=0 if model.spec.ragged is not None else self._inline_max_ns,
                                  launch=self._launch, tiny=placed.tiny)
         providers = sorted({getattr(r, "provider", "?") for r in executor.runners})
         self.loop.call_soon_threadsafe(self.scheduler.register, executor)

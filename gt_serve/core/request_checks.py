@@ -115,7 +115,7 @@ def check_inputs(model: LoadedModel, request: InferRequest, shm: SystemSharedMem
         if ts.datatype == "BYTES":
             check_utf8(tensor.name, name, data)
         feeds[tensor.name] = data
-        shape_key.append(body)
+        shape_key.append(() if ts.ragged else body)  # a ragged input's shape does not keep requests apart
     if len(feeds) != len(spec.inputs):
         missing = [n for n in spec.input_order if n not in feeds and not spec.inputs[n].optional]
         if missing:

@@ -33,6 +33,8 @@ _now_ns = time.perf_counter_ns
 def probe_feeds(spec: Any, rows: int | None = None) -> dict[str, np.ndarray] | None:
     """Zeros for each input at `rows` rows, the model's largest batch by default (client dims: the runner applies
     any reshape), or None where a shape past the batch dimension is variable or an input is BYTES."""
+    if getattr(spec, "ragged", None) is not None:  # its inputs are flattened and joined by batch inputs: not probed
+        return None
     batch = (rows or spec.max_batch_size,) if spec.max_batch_size > 0 else ()
     feeds = {}
     for name, tensor in spec.inputs.items():

@@ -149,15 +149,18 @@ def _array(i: WarmupInput, rng: np.random.Generator) -> np.ndarray:
 
 
 def run_warmup(model: str, version: str, samples: tuple[WarmupSample, ...], lane_runners: Mapping[Any, Any],
-               output_names: list[str]) -> tuple[int, int]:
+               output_names: list[str], ragged: Any = None) -> tuple[int, int]:
     """Run every sample `count` times on every lane's runner (worker thread, before READY);
-    returns (runs, total ns). A failure fails the load, naming the sample and the lane."""
+    returns (runs, total ns). A failure fails the load, naming the sample and the lane. `ragged`: the model's
+    ragged batching (core/ragged.py), which builds its inputs as a batch's."""
     rng = np.random.default_rng(0)
     runs = total_ns = 0
     for lane, runner in lane_runners.items():
         lane_id = getattr(lane, "lane_id", str(lane))
         for sample in samples:
             feeds = sample.feeds(rng)
+            if ragged is not None:
+                feeds = ragged.feeds([feeds], np.concatenate)
             start_ns = _now_ns()
             for _ in range(sample.count):
                 try:

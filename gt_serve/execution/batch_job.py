@@ -129,6 +129,36 @@ class BatchJob:
         return pack(arrays, out=loan.array(shape, first.dtype))
 
 
+class RaggedBatchJob(BatchJob):
+    """A batch of a model with ragged batching: its settings (core/ragged.RaggedSettings) build the model's inputs
+    (ragged inputs flattened and joined, batch inputs made; a lone request's too) and split its outputs."""
+
+    __slots__ = ("ragged",)
+
+    def __init__(self, ragged: Any, runner: Any, backend: Any, feeds_list: Sequence[dict], counts: Sequence[int],
+                 input_order: Sequence[str], output_names: list[str], pool: Any = None) -> None:
+        super().__init__(runner, backend, feeds_list, counts, input_order, output_names, pool)
+        self.ragged = ragged
+
+    def _feeds(self, loans: list) -> dict:
+        return self.ragged.feeds(self.feeds_list, lambda arrays: self._pack(arrays, loans))
+
+    def _split(self, outputs: list, t0: int, t1: int, run_ns: int = 0):
+        t2 = _now_ns()
+        per_request = self.ragged.split(outputs, self.output_names, self.feeds_list, self.counts)
+        return per_request, (t1 - t0, t2 - max(t1, run_ns), _now_ns() - t2)
+
+    def _one_by_one(self, t0: int, t1: int):
+        per_request: list = []
+        for feeds, count in zip(self.feeds_list, self.counts):
+            try:
+                outputs = self.runner.run(self.ragged.feeds([feeds], np.concatenate), self.output_names)
+                per_request.append(self.ragged.split(outputs, self.output_names, [feeds], [count])[0])
+            except Exception as exc:  # noqa: BLE001 - handed to this request's future
+                per_request.append(exc)
+        return per_request, (t1 - t0, _now_ns() - t1, 0)
+
+
 class SimpleArrayBackend:
     """Minimal pack/scatter used until a kernel backend is injected (same signatures as NumpyBackend)."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .batch_job import BatchJob
+from .batch_job import BatchJob, RaggedBatchJob
 from .bound_job import BoundBatchJob
 
 
@@ -19,7 +19,7 @@ class JobFactory:
     with its lane's device backend (`lane_backends[lane_id]`): IO binding to pooled device
     buffers. With io_binding "always", CPU sessions bind their host buffers too; "never" keeps
     every lane on the plain path. Otherwise a `BatchJob`: packed batch inputs live in reused
-    size-class buffers of `pool` (a HostBufferPool)."""
+    size-class buffers of `pool` (a HostBufferPool); a model with ragged batching gets a `RaggedBatchJob`."""
 
     __slots__ = ("backend", "pool", "lane_backends", "io_binding")
 
@@ -46,6 +46,9 @@ class JobFactory:
         outputs = list(spec.output_order)
         if spec.sequence is not None:  # a sequence model's state outputs not in its config: core/sequences.py
             outputs += spec.sequence.hidden_outputs
+        if getattr(spec, "ragged", None) is not None:  # inputs built per batch: never bound (core/ragged.py)
+            return RaggedBatchJob(spec.ragged, runner, self.backend, feeds_list, counts, spec.input_order, outputs,
+                                  self.pool)
         device_backend = self.bound_backend(runner, lane)
         if device_backend is not None:
             return BoundBatchJob(runner, device_backend, feeds_list, counts, spec.input_order, outputs, self.pool)

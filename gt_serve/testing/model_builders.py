@@ -12,7 +12,7 @@ OPSET = 17
 IR_VERSION = 9
 
 
-def _save(graph, path: Path, domains: tuple[str, ...] = ()) -> None:
+def save_model(graph, path: Path, domains: tuple[str, ...] = ()) -> None:
     """`domains`: custom-operator domains the graph uses (version 1 of each)."""
     import onnx
     from onnx import helper
@@ -36,7 +36,7 @@ def simple_add_sub(path: Path, batch: bool = True, size: int = 16) -> None:
         helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
         helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
     ]
-    _save(helper.make_graph(nodes, "simple", inputs, outputs), path)
+    save_model(helper.make_graph(nodes, "simple", inputs, outputs), path)
 
 
 def scale(path: Path, factor: float = 2.0, width: int = 4) -> None:
@@ -47,7 +47,7 @@ def scale(path: Path, factor: float = 2.0, width: int = 4) -> None:
     out = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", width])
     k = helper.make_tensor("k", TensorProto.FLOAT, [], [factor])
     node = helper.make_node("Mul", ["INPUT", "k"], ["OUTPUT"])
-    _save(helper.make_graph([node], "scale", [inp], [out], initializer=[k]), path)
+    save_model(helper.make_graph([node], "scale", [inp], [out], initializer=[k]), path)
 
 
 def sine_sum(path: Path, rounds: int = 32) -> None:
@@ -61,7 +61,7 @@ def sine_sum(path: Path, rounds: int = 32) -> None:
     nodes = [helper.make_node("Sin", [a], [b]) for a, b in zip(names, names[1:])]
     nodes.append(helper.make_node("ReduceSum", [names[-1], "axis"], ["OUTPUT"], keepdims=1))
     axis = helper.make_tensor("axis", TensorProto.INT64, [1], [1])
-    _save(helper.make_graph(nodes, "sine_sum", [inp], [out], initializer=[axis]), path)
+    save_model(helper.make_graph(nodes, "sine_sum", [inp], [out], initializer=[axis]), path)
 
 
 def add_pair(path: Path, width: int = 4) -> None:
@@ -70,7 +70,7 @@ def add_pair(path: Path, width: int = 4) -> None:
 
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", width]) for n in ("A", "B")]
     out = helper.make_tensor_value_info("SUM", TensorProto.FLOAT, ["batch", width])
-    _save(helper.make_graph([helper.make_node("Add", ["A", "B"], ["SUM"])], "add_pair", inputs, [out]), path)
+    save_model(helper.make_graph([helper.make_node("Add", ["A", "B"], ["SUM"])], "add_pair", inputs, [out]), path)
 
 
 def accumulator(path: Path, width: int = 4, corrid: str = "UINT64", echo: bool = True) -> None:
@@ -98,7 +98,7 @@ def accumulator(path: Path, width: int = 4, corrid: str = "UINT64", echo: bool =
              helper.make_node("Cast", ["CORRID"], ["CORRID_OUT"], to=TensorProto.INT64) if corrid == "UINT64"
              else helper.make_node("Identity", ["CORRID"], ["CORRID_OUT"])][:None if echo else 4]
     outputs = outputs[:None if echo else 2]
-    _save(helper.make_graph(nodes, "accumulator", inputs, outputs, initializer=[one]), path)
+    save_model(helper.make_graph(nodes, "accumulator", inputs, outputs, initializer=[one]), path)
 
 
 def growing(path: Path) -> None:
@@ -114,7 +114,7 @@ def growing(path: Path) -> None:
     axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
     nodes = [helper.make_node("Concat", ["STATE_IN", "INPUT"], ["STATE_OUT"], axis=1),
              helper.make_node("ReduceSum", ["STATE_OUT", "axes"], ["OUTPUT"], keepdims=1)]
-    _save(helper.make_graph(nodes, "growing", inputs, outputs, initializer=[axes]), path)
+    save_model(helper.make_graph(nodes, "growing", inputs, outputs, initializer=[axes]), path)
 
 
 GROWING_CONFIG = """max_batch_size: 8
@@ -142,7 +142,7 @@ def rnn_cell(path: Path, features: int = 64, hidden: int = 256, classes: int = 3
              _node("MatMul", ["INPUT", "Wx"], ["x"]), _node("MatMul", ["h0", "Wh"], ["h"]),
              _node("Add", ["x", "h"], ["xh"]), _node("Add", ["xh", "b"], ["pre"]),
              _node("Tanh", ["pre"], ["STATE_OUT"]), _node("MatMul", ["STATE_OUT", "Wo"], ["OUTPUT"])]
-    _save(helper.make_graph(nodes, "rnn_cell", inputs, outputs, initializer=inits), path)
+    save_model(helper.make_graph(nodes, "rnn_cell", inputs, outputs, initializer=inits), path)
 
 
 ACCUMULATOR_CONFIG = """max_batch_size: 8
@@ -168,7 +168,7 @@ def add_one_fixed(path: Path, width: int = 4) -> None:
     out = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, [width])
     k = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
     node = helper.make_node("Add", ["INPUT", "one"], ["OUTPUT"])
-    _save(helper.make_graph([node], "nobatch", [inp], [out], initializer=[k]), path)
+    save_model(helper.make_graph([node], "nobatch", [inp], [out], initializer=[k]), path)
 
 
 def string_identity(path: Path) -> None:
@@ -178,18 +178,7 @@ def string_identity(path: Path) -> None:
     inp = helper.make_tensor_value_info("INPUT", TensorProto.STRING, ["batch", "n"])
     out = helper.make_tensor_value_info("OUTPUT", TensorProto.STRING, ["batch", "n"])
     node = helper.make_node("Identity", ["INPUT"], ["OUTPUT"])
-    _save(helper.make_graph([node], "strings", [inp], [out]), path)
-
-
-def string_lower(path: Path) -> None:
-    """BYTES INPUT [B, N] -> OUTPUT lower-cased by StringLower, a custom operator of onnxruntime-extensions
-    (domain ai.onnx.contrib): a session needs that package's library (model_operations) to load it."""
-    from onnx import TensorProto, helper
-
-    inp = helper.make_tensor_value_info("INPUT", TensorProto.STRING, ["batch", "n"])
-    out = helper.make_tensor_value_info("OUTPUT", TensorProto.STRING, ["batch", "n"])
-    node = helper.make_node("StringLower", ["INPUT"], ["OUTPUT"], domain="ai.onnx.contrib")
-    _save(helper.make_graph([node], "lower", [inp], [out]), path, domains=("ai.onnx.contrib",))
+    save_model(helper.make_graph([node], "strings", [inp], [out]), path)
 
 
 def dtype_identity(path: Path) -> None:
@@ -203,7 +192,7 @@ def dtype_identity(path: Path) -> None:
         inputs.append(helper.make_tensor_value_info(f"IN_{name}", t, ["batch", 3]))
         outputs.append(helper.make_tensor_value_info(f"OUT_{name}", t, ["batch", 3]))
         nodes.append(helper.make_node("Identity", [f"IN_{name}"], [f"OUT_{name}"]))
-    _save(helper.make_graph(nodes, "dtypes", inputs, outputs), path)
+    save_model(helper.make_graph(nodes, "dtypes", inputs, outputs), path)
 
 
 def gather(path: Path, table: np.ndarray) -> None:
@@ -214,8 +203,8 @@ def gather(path: Path, table: np.ndarray) -> None:
     indices = helper.make_tensor_value_info("INDICES", TensorProto.INT64, ["batch", 1])
     out = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", 1, table.shape[1]])
     node = helper.make_node("Gather", ["TABLE", "INDICES"], ["OUTPUT"], axis=0)
-    _save(helper.make_graph([node], "gather", [indices], [out], initializer=[numpy_helper.from_array(table, "TABLE")]),
-          path)
+    table_init = [numpy_helper.from_array(table, "TABLE")]
+    save_model(helper.make_graph([node], "gather", [indices], [out], initializer=table_init), path)
 
 
 def classifier(path: Path, features: int = 8, classes: int = 5, seed: int = 0) -> np.ndarray:
@@ -228,7 +217,7 @@ def classifier(path: Path, features: int = 8, classes: int = 5, seed: int = 0) -
     nodes = [helper.make_node("MatMul", ["INPUT", "W"], ["logits"]),
              helper.make_node("Softmax", ["logits"], ["OUTPUT"], axis=-1)]
     graph = helper.make_graph(nodes, "classifier", [inp], [out], initializer=[numpy_helper.from_array(w, "W")])
-    _save(graph, path)
+    save_model(graph, path)
     return w
 
 
@@ -240,7 +229,7 @@ def argmax(path: Path, features: int = 10) -> None:
     inp = helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", features])
     out = helper.make_tensor_value_info("CLASS", TensorProto.INT64, ["batch"])
     node = helper.make_node("ArgMax", ["INPUT"], ["CLASS"], axis=1, keepdims=0)
-    _save(helper.make_graph([node], "argmax", [inp], [out]), path)
+    save_model(helper.make_graph([node], "argmax", [inp], [out]), path)
 
 
 def mlp(path: Path, sizes=(256, 1024, 1024, 10), seed: int = 0) -> None:
@@ -261,7 +250,7 @@ def mlp(path: Path, sizes=(256, 1024, 1024, 10), seed: int = 0) -> None:
         prev = out
     inp = helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", sizes[0]])
     outp = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", sizes[-1]])
-    _save(helper.make_graph(nodes, "mlp", [inp], [outp], initializer=inits), path)
+    save_model(helper.make_graph(nodes, "mlp", [inp], [outp], initializer=inits), path)
 
 
 def image_head(path: Path, channels: int = 3, classes: int = 10, seed: int = 0) -> None:
@@ -274,7 +263,8 @@ def image_head(path: Path, channels: int = 3, classes: int = 10, seed: int = 0) 
              helper.make_node("MatMul", ["mean", "W"], ["OUTPUT"])]
     inp = helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", channels, "h", "w"])
     outp = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", classes])
-    _save(helper.make_graph(nodes, "image_head", [inp], [outp], initializer=[numpy_helper.from_array(w, "W")]), path)
+    save_model(helper.make_graph(nodes, "image_head", [inp], [outp], initializer=[numpy_helper.from_array(w, "W")]),
+               path)
 
 
 def _conv_stack(rng, nodes, inits, x: str, layers) -> str:
@@ -335,7 +325,7 @@ def cnn(path: Path, seed: int = 0, head: str = "dense") -> None:
         prev = out
     inp = helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", 3, 64, 64])
     outp = helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", 10])
-    _save(helper.make_graph(nodes, "cnn", [inp], [outp], initializer=inits), path)
+    save_model(helper.make_graph(nodes, "cnn", [inp], [outp], initializer=inits), path)
 
 
 SIMPLE_CONFIG = """name: "simple"

@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from gt_serve.testing import model_builders as mb
+from gt_serve.testing import feature_models as fm
 from tests.conftest import start_server
 
 LIBRARY = onnxruntime_extensions.get_library_path()
@@ -38,7 +38,7 @@ def _override(name: str, library: str) -> str:
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo_ops")
     for name in ("lower", "lower_by_request", "lower_elsewhere"):
-        mb.string_lower(repo / name / "1" / "model.onnx")
+        fm.string_lower(repo / name / "1" / "model.onnx")
     (repo / "lower" / "config.pbtxt").write_text(_config("lower", LIBRARY))
     work = tmp_path_factory.mktemp("srv_ops")
     # the same library at a path the operator did not allow: loadable, but not by a request

@@ -3,6 +3,7 @@ engine's order and concurrency with fake step runners (no server, no onnxruntime
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from gt_serve.core.ensemble import (StepNeedsInputs, complete_ensemble_config, plan_from_config, prepare_ensemble,
                                     run_dag, run_ensemble, step_request)
 from gt_serve.core.model_config import parse_pbtxt, spec_from_config
+from gt_serve.core.ragged import RaggedSettings
 from gt_serve.errors import ConfigError, InvalidArgument, Unavailable
 from gt_serve.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
@@ -229,3 +231,18 @@ def test_a_steps_request_has_a_form_only_where_its_inputs_and_outputs_are_plain(
     assert form([Tensor("INPUT", "FP32", (2, 4), x)],
                 [RequestedOutput("OUTPUT", {"shared_memory_region": "out", "shared_memory_byte_size": 32})]) is None
     assert form([Tensor("INPUT", "FP32", (2, 4), x)], [RequestedOutput("OUTPUT", {"classification": 2})]) is None
+
+
+def test_an_ensemble_of_a_ragged_step_model_does_not_group_its_requests(monkeypatch):
+    """Ragged batching's batch inputs count requests: a group of requests run as one request of their rows would
+    change what such a step model computes (core/ragged.py), so its ensemble, and one nesting it, never groups."""
+    chain = [step("pre", {"INPUT": "X"}, {"OUTPUT": "h"}), step("mid", {"INPUT": "h"}, {"OUTPUT": "Y"})]
+    assert prepare(config(chain)).groups
+    monkeypatch.setitem(SPECS, "mid", replace(SPECS["mid"], ragged=RaggedSettings(frozenset({"INPUT"}), (), ())))
+    plan = prepare(config(chain))
+    assert not plan.groups
+    monkeypatch.setitem(SPECS, "inner", model_spec("inner", {"X": 4}, {"Y": 4}))  # an ensemble nesting that one
+    nested = [step("inner", {"X": "X"}, {"Y": "Y"})]
+    assert not prepare(config(nested), plans={"inner": plan}).groups
+    plain = prepare(config([step("pre", {"INPUT": "X"}, {"OUTPUT": "Y"})]))  # no ragged step: groups
+    assert prepare(config(nested), plans={"inner": plain}).groups

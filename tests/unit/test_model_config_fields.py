@@ -88,7 +88,7 @@ def test_refused_top_level_fields_fail_the_load_naming_them(path):
 
 @pytest.mark.parametrize("text, named", [
     ('input [ { name: "INPUT" is_shape_tensor: true } ]', "input.is_shape_tensor"),
-    ('input [ { name: "INPUT" allow_ragged_batch: true } ]', "input.allow_ragged_batch"),
+    ('input [ { name: "INPUT" is_non_linear_format_io: true } ]', "input.is_non_linear_format_io"),
     ('output [ { name: "OUTPUT" is_non_linear_format_io: true } ]', "output.is_non_linear_format_io"),
     ("dynamic_batching { priority_queue_policy { key: 1 value: { max_queue_size: 2 } } }",
      "dynamic_batching.priority_queue_policy needs priority_levels"),

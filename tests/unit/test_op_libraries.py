@@ -16,7 +16,7 @@ from gt_serve.core.model_config import parse_pbtxt
 from gt_serve.core.repository_paths import check_config_paths, check_request_libraries
 from gt_serve.core.session_settings import session_settings
 from gt_serve.errors import InvalidArgument, PathNotAllowed
-from gt_serve.testing import model_builders as mb
+from gt_serve.testing import feature_models as fm
 
 LIBRARY = onnxruntime_extensions.get_library_path()
 WORDS = np.array([["HeLLo", "WORLD"], ["Ünïcode", "ok"]], dtype=object)
@@ -25,7 +25,7 @@ WORDS = np.array([["HeLLo", "WORLD"], ["Ünïcode", "ok"]], dtype=object)
 @pytest.fixture(scope="module")
 def lower(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("lower") / "model.onnx"
-    mb.string_lower(path)
+    fm.string_lower(path)
     return str(path)
 
 

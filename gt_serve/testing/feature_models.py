@@ -1,0 +1,59 @@
+"""Models of particular config features, built with the onnx helper API for the tests: ragged batching (Triton's
+example, with batch inputs and a batch output) and a custom operator (onnxruntime-extensions' StringLower)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .model_builders import save_model
+
+
+RAGGED_SUM_CONFIG = """max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+batch_input [
+  { kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "INDEX" data_type: TYPE_INT32 source_input: "INPUT" },
+  { kind: BATCH_ELEMENT_COUNT target_name: "COUNT" data_type: TYPE_FP32 source_input: "INPUT" } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "MEAN" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "DOUBLED" data_type: TYPE_FP32 dims: [ -1 ] } ]
+batch_output [ { target_name: "DOUBLED" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "INPUT" } ]
+"""  # ragged_sum's Triton config: Triton's ragged-batching example, with two batch inputs and a batch output
+
+
+def ragged_sum(path: Path) -> None:
+    """Ragged batching's model (RAGGED_SUM_CONFIG): INPUT [N], every request's elements flattened and joined; INDEX
+    [B] INT32, where each request's elements end (BATCH_ACCUMULATED_ELEMENT_COUNT); COUNT [B] FP32, how many it has
+    (BATCH_ELEMENT_COUNT) -> SUM [B, 1] and MEAN [B, 1] of each request's elements, DOUBLED [N] = 2 * INPUT."""
+    from onnx import TensorProto, helper
+
+    f32 = TensorProto.FLOAT
+    inits = [helper.make_tensor("axis0", TensorProto.INT64, [1], [0]),
+             helper.make_tensor("zero_f", f32, [1], [0.0]), helper.make_tensor("zero_i", TensorProto.INT64, [1], [0]),
+             helper.make_tensor("minus1", TensorProto.INT64, [1], [-1]),
+             helper.make_tensor("axis1", TensorProto.INT64, [1], [1]), helper.make_tensor("two", f32, [], [2.0])]
+    nodes = [helper.make_node("CumSum", ["INPUT", "axis0"], ["cs"]),
+             helper.make_node("Concat", ["zero_f", "cs"], ["cs0"], axis=0),
+             helper.make_node("Cast", ["INDEX"], ["ends"], to=TensorProto.INT64),
+             helper.make_node("Slice", ["ends", "zero_i", "minus1", "axis0"], ["before"]),
+             helper.make_node("Concat", ["zero_i", "before"], ["starts"], axis=0),
+             helper.make_node("Gather", ["cs0", "ends"], ["hi"]), helper.make_node("Gather", ["cs0", "starts"], ["lo"]),
+             helper.make_node("Sub", ["hi", "lo"], ["sum"]), helper.make_node("Unsqueeze", ["sum", "axis1"], ["SUM"]),
+             helper.make_node("Unsqueeze", ["COUNT", "axis1"], ["count2"]),
+             helper.make_node("Div", ["SUM", "count2"], ["MEAN"]),
+             helper.make_node("Mul", ["INPUT", "two"], ["DOUBLED"])]
+    inputs = [helper.make_tensor_value_info("INPUT", f32, ["n"]),
+              helper.make_tensor_value_info("INDEX", TensorProto.INT32, ["b"]),
+              helper.make_tensor_value_info("COUNT", f32, ["b"])]
+    outputs = [helper.make_tensor_value_info("SUM", f32, ["b", 1]),
+               helper.make_tensor_value_info("MEAN", f32, ["b", 1]),
+               helper.make_tensor_value_info("DOUBLED", f32, ["n"])]
+    save_model(helper.make_graph(nodes, "ragged_sum", inputs, outputs, inits), path)
+
+
+def string_lower(path: Path) -> None:
+    """BYTES INPUT [B, N] -> OUTPUT lower-cased by StringLower, a custom operator of onnxruntime-extensions
+    (domain ai.onnx.contrib): a session needs that package's library (model_operations) to load it."""
+    from onnx import TensorProto, helper
+
+    inp = helper.make_tensor_value_info("INPUT", TensorProto.STRING, ["batch", "n"])
+    out = helper.make_tensor_value_info("OUTPUT", TensorProto.STRING, ["batch", "n"])
+    node = helper.make_node("StringLower", ["INPUT"], ["OUTPUT"], domain="ai.onnx.contrib")
+    save_model(helper.make_graph([node], "lower", [inp], [out]), path, domains=("ai.onnx.contrib",))
