@@ -20,6 +20,7 @@ from .core.model_host import LocalModelHost
 from .core.registry import ModelRegistry
 from .core.response_cache import ResponseCache
 from .core.repository_poller import RepositoryPoller
+from .core.rate_limiter import RateLimiter
 from .core.stream_scheduler import StreamScheduler
 from .errors import GtServeError
 from .protocol.metrics import memory_metric_provider
@@ -94,7 +95,9 @@ class App:
         plan = start_lanes(self.cfg.lanes, loop, backend, self.cfg.server.workers if self.worker is not None else 1)
         self.lanes, self._intra_op, self.host_pool = plan.lanes, plan.intra_op_threads, plan.host_pool
         self.lane_backends, self.device_pools = plan.lane_backends, plan.device_pools
-        self.scheduler = StreamScheduler(loop, self.lanes)
+        s = self.cfg.server  # Triton's --rate-limit: off by default, and then no limiter at all (core/rate_limiter.py)
+        limiter = RateLimiter(s.rate_limit_resources) if s.rate_limit == "execution_count" else None
+        self.scheduler = StreamScheduler(loop, self.lanes, limiter=limiter)
         self._build_energy()
         jobs = JobFactory(backend, self.host_pool, self.lane_backends, self.cfg.lanes.io_binding)
         cache_bytes = self.cfg.server.response_cache_bytes

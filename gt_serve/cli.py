@@ -31,9 +31,8 @@ for _names, _why, _harmless in (
       "grpc-keepalive-permit-without-calls"), "not supported",
      {"false", "0"}),
     (("allow-gpu-metrics", "allow-cpu-metrics"), "device metrics follow --allow-metrics", {"*"}),
-    (("backend-config", "backend-directory", "repoagent-directory", "host-policy", "rate-limit",
-      "rate-limit-resource", "model-load-retry-count", "model-load-gpu-limit", "min-supported-compute-capability",
-      "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size", "cuda-virtual-address-size",
+    (("backend-config", "backend-directory", "repoagent-directory", "host-policy", "model-load-retry-count",
+      "model-load-gpu-limit", "min-supported-compute-capability", "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size", "cuda-virtual-address-size",
       "cache-directory",
       "http-header-forward-pattern", "grpc-header-forward-pattern", "http-restricted-api",
       "grpc-restricted-protocol", "grpc-infer-allocation-pool-size", "grpc-infer-response-compression-level", "grpc-keepalive-time", "grpc-keepalive-timeout",
@@ -68,6 +67,11 @@ def _add_triton_flags(p: argparse.ArgumentParser) -> None:
                    help="response cache for models with response_cache { enable: true } (default: none)")
     g.add_argument("--response-cache-byte-size", dest="response_cache_bytes", type=int, metavar="BYTES",
                    help="as --cache-config local,size=BYTES")
+    g.add_argument("--rate-limit", dest="rate_limit", choices=["off", "execution_count"],
+                   help="execution_count: a model's batch runs only while its instance group's rate_limiter resources "
+                   "are free (default off: those settings are ignored)")
+    g.add_argument("--rate-limit-resource", dest="rate_limit_resources", action="append", metavar="NAME:COUNT[:DEVICE]",
+                   help="copies of a rate limiter resource (on GPU DEVICE; else on every device); repeatable")
     g.add_argument("--log-verbose", dest="triton_log_verbose", type=int, nargs="?", const=1, metavar="N",
                    help="N > 0: DEBUG logging")
     for level in ("info", "warning", "error"):
@@ -268,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides["tracing"] = _trace_overrides(args)
     if args.load_models:
         overrides["load_models"] = tuple(args.load_models)
-    if args.op_libraries:
-        overrides["op_libraries"] = tuple(args.op_libraries)
+    for key in ("op_libraries", "rate_limit_resources"):
+        if getattr(args, key):
+            overrides[key] = tuple(getattr(args, key))
     if args.request_timeout_ms is not None:
         overrides["request_timeout_s"] = args.request_timeout_ms / 1000.0
     try:

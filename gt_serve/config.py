@@ -20,6 +20,7 @@ LAUNCH_MODES = ("auto", "always", "never")
 GRPC_TRANSPORTS = ("grpcio", "native")
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 METRICS_AUTH_MODES = ("same", "token", "none")
+RATE_LIMIT_MODES = ("off", "execution_count")  # Triton's --rate-limit (core/rate_limiter.py)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,11 @@ class ServerConfig:
     grpc_root_cert: str | None = None
     grpc_use_ssl_mutual: bool = False
     metrics_use_ssl: bool = False  # the metrics port over HTTPS with the HTTP certificate (no client certificates)
+    # Triton's rate limiter (core/rate_limiter.py): "execution_count" runs a model's batch only while its instance
+    # group's rate_limiter resources are free on the lane's device; "off" (Triton's default) ignores those settings.
+    # rate_limit_resources: Triton's --rate-limit-resource NAME:COUNT[:DEVICE] (DEVICE: a GPU index; else every device)
+    rate_limit: str = "off"
+    rate_limit_resources: tuple[str, ...] = ()
     # custom-operator libraries (model_operations.op_library_filename) that a load request's config may name too;
     # the repository's own configs may name any (the operator's), a request's only these: loading one runs its code
     op_libraries: tuple[str, ...] = ()
@@ -257,8 +263,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"config key 'server.{key}' must be a positive number of seconds, got {getattr(s, key)!r}")
     if s.event_loop not in EVENT_LOOPS:
         raise ConfigError(f"config key 'server.event_loop' must be one of {EVENT_LOOPS}, got {s.event_loop!r}")
-    _validate_metrics_auth(s)
-    validate_server_tls(s)
+    _validate_server_features(s)
     if cfg.router.policy not in ROUTER_POLICIES:
         raise ConfigError(f"config key 'router.policy' must be one of {ROUTER_POLICIES}, got {cfg.router.policy!r}")
     for model, policy in cfg.router.model_policies.items():
@@ -339,6 +344,25 @@ def _validate_cluster(c: ClusterConfig) -> None:
         raise ConfigError("config keys 'cluster.slow_factor' and 'cluster.eject_after_failures' must be at least 1")
     if (c.tls_cert_file or c.tls_key_file) and not (c.tls_ca_file and c.tls_cert_file and c.tls_key_file):
         raise ConfigError("config keys 'cluster.tls_cert_file' and 'cluster.tls_key_file' go with 'cluster.tls_ca_file'")
+
+
+def _validate_server_features(s: ServerConfig) -> None:
+    """The server's optional features: metrics auth, TLS, the rate limiter."""
+    _validate_metrics_auth(s)
+    validate_server_tls(s)
+    if s.rate_limit not in RATE_LIMIT_MODES:
+        raise ConfigError(f"config key 'server.rate_limit' must be one of {RATE_LIMIT_MODES}, got {s.rate_limit!r}")
+    for text in s.rate_limit_resources:
+        parse_rate_limit_resource(text)
+
+
+def parse_rate_limit_resource(text: str) -> tuple[str, int, str | None]:
+    """Triton's `--rate-limit-resource NAME:COUNT[:DEVICE]` -> (name, count, the device key "gpu:N", or None for
+    every device)."""
+    parts = str(text).split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not all(p.isdigit() for p in parts[1:]):
+        raise ConfigError(f"rate limit resource {text!r}: expected NAME:COUNT or NAME:COUNT:DEVICE (a GPU's index)")
+    return parts[0], int(parts[1]), f"gpu:{int(parts[2])}" if len(parts) == 3 else None
 
 
 def _validate_metrics_auth(s: ServerConfig) -> None:

@@ -95,8 +95,9 @@ FIELDS: dict[str, tuple[str, str]] = {
     "instance_group.name": (IGNORED, "a label"),
     "instance_group.kind": (HONOURED, "KIND_CPU, KIND_GPU (needs GPU lanes), KIND_AUTO; KIND_MODEL refused"),
     "instance_group.count": (HONOURED, "lanes of that kind the model runs on"),
-    "instance_group.rate_limiter": (IGNORED, "gt_serve does not rate-limit: Triton too loads it and ignores it with "
-                                    "its default --rate-limit=off"),
+    "instance_group.rate_limiter": (HONOURED, "with --rate-limit execution_count (server.rate_limit): resources held "
+                                    "per device or globally while a batch runs, priority weighs the fair share; off "
+                                    "(the default, as Triton's), loaded and ignored (core/rate_limiter.py)"),
     "instance_group.gpus": (HONOURED, ""),
     "instance_group.secondary_devices": (REFUSED, "secondary devices are not implemented"),
     "instance_group.profile": (REFUSED, _TRT),

@@ -59,7 +59,7 @@ JobFactory = Callable[[Any, Batch, Any, Any], Callable[[], Any]]
 class SchedulerLink(Protocol):
     """What an executor needs of the StreamScheduler (its batcher holds `notify`)."""
 
-    def finished(self, executor: ModelExecutor, elapsed_ns: int) -> None: ...
+    def finished(self, executor: ModelExecutor, elapsed_ns: int, lane: Any = None) -> None: ...
 
     def unregister(self, executor: ModelExecutor) -> None: ...
 
@@ -287,7 +287,7 @@ class ModelExecutor:
             self._launch.ran(batch, batch.launch, elapsed_ns)
         expect = self._answered(batch, elapsed_ns)
         self._expected = self._expected + 1 if expect else 0
-        self._scheduler.finished(self, elapsed_ns)
+        self._scheduler.finished(self, elapsed_ns, lane)
         try:
             self._completion.resolve(batch, lane, result, exc)
         except Exception:  # never let bookkeeping stall the queue

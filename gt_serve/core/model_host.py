@@ -21,6 +21,7 @@ from .batch_policy import BatchConfig
 from .batcher import Batcher, QueuePolicy
 from .memory_budget import LoadMeasure, MemoryBook
 from .model_executor import JobFactory, ModelExecutor
+from .rate_limiter import model_needs
 from .registry import LoadedModel, Opened
 from .response_cache import check_cache_available
 from .sequence_config import batching as sequence_batching
@@ -243,15 +244,17 @@ class LocalModelHost:
         batch_cfg, policy, levels, default_level, level_policies = batching_from_config(model.config, knobs)
         batcher = Batcher(model.name, batch_cfg, policy, wake=self.scheduler.notify, priority_levels=levels,
                           default_priority=default_level, level_policies=level_policies, loop=self.loop)
+        needs, priority = self._rate_needs(model, lanes)
         executor = ModelExecutor(batcher, runners, self._job_factory,
                                  BatchCompletion(model.name, model.stats, self._energy_observer,
                                                  AnswerOrder() if batch_cfg.preserve_ordering else None),
                                  self.scheduler, model.spec, version=model.version,
-                                 weight=float(knobs.get("weight", 1.0)),
+                                 weight=float(knobs.get("weight", 1.0)) / priority,
                                  # a ragged model's run time follows its requests' lengths, which its shape key
                                  # does not tell apart: its batches never run on the loop's thread (core/ragged.py)
                                  inline_max_ns=0 if model.spec.ragged is not None else self._inline_max_ns,
                                  launch=self._launch, tiny=placed.tiny)
+        executor.rate_needs = needs  # the rate limiter's, read when the scheduler registers it
         providers = sorted({getattr(r, "provider", "?") for r in executor.runners})
         self.loop.call_soon_threadsafe(self.scheduler.register, executor)
         log.info("model %s v%s on lanes %s (%s), batching %s", model.name, model.version,
@@ -261,6 +264,16 @@ class LocalModelHost:
                 log.info("model %s v%s session: %s", model.name, model.version,
                          ", ".join(f"{k}={v}" for k, v in runner.effective.items()))
         return Opened(executor, providers)
+
+    def _rate_needs(self, model: LoadedModel, lanes: list) -> tuple[dict, int]:
+        """With the rate limiter on (core/rate_limiter.py): what the model's batches hold by lane kind, checked
+        against --rate-limit-resource, and its priority (its fair share divided by it); off, nothing and 1."""
+        limiter = getattr(self.scheduler, "limiter", None)
+        needs = model_needs(model.config) if limiter is not None else {}
+        if not needs:
+            return {}, 1
+        limiter.check(needs, tuple({lane.device for lane in lanes}))
+        return needs, limiter.priority(needs)
 
     def _check_features(self, model: LoadedModel, lanes: list) -> None:
         """Config features this server cannot give the model: a load error naming them, not a silent ignore."""

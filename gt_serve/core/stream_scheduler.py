@@ -8,7 +8,9 @@ The scheduler reads each executor's queue and its lanes' `busy` flags and calls
 `executor.dispatch(entries, lane)`; it writes no lane or queue state itself. A lane busy with
 one launched batch only is `spare`: it takes one more of a model that launches its batches
 (`executor.launches_more`), if that batch is full (`executor.full`). The executor tells it
-when a batch came back (`finished`), which charges the model's fair share and pumps again.
+when a batch came back (`finished`), which charges the model's fair share and pumps again. With the rate limiter on
+(core/rate_limiter.py), a lane is a model's to take only while the limiter `allows` it; the batch holds its resources
+from dispatch until it is back.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Callable
 from .batch_policy import form_batch
 from .batcher import Entry
 from .model_executor import ModelExecutor
+from .rate_limiter import RateLimiter
 
 log = logging.getLogger(__name__)
 _now_ns = time.monotonic_ns
@@ -30,8 +33,10 @@ LaneChooser = Callable[[ModelExecutor, list], object]
 
 
 class StreamScheduler:
-    def __init__(self, loop: asyncio.AbstractEventLoop, lanes: list, *, choose_lane: LaneChooser | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, lanes: list, *, choose_lane: LaneChooser | None = None,
+                 limiter: RateLimiter | None = None) -> None:
         self.loop = loop
+        self.limiter = limiter  # None: the rate limiter is off
         self.lanes = lanes
         self._executors: list[ModelExecutor] = []
         self._virtual_ns: dict[ModelExecutor, float] = {}  # compute time served per executor (fair share)
@@ -45,20 +50,27 @@ class StreamScheduler:
         # a newcomer starts at the current minimum so it neither starves others nor is starved
         self._virtual_ns[executor] = min(self._virtual_ns.values(), default=0.0)
         self._executors.append(executor)
+        if self.limiter is not None:
+            self.limiter.register(executor, getattr(executor, "rate_needs", None) or {})
 
     def unregister(self, executor: ModelExecutor) -> None:
         if executor in self._virtual_ns:
             del self._virtual_ns[executor]
             self._executors.remove(executor)
+        if self.limiter is not None:
+            self.limiter.unregister(executor)
 
     def notify(self) -> None:
         if not self._pump_scheduled:
             self._pump_scheduled = True
             self.loop.call_soon(self._pump)
 
-    def finished(self, executor: ModelExecutor, elapsed_ns: int) -> None:
+    def finished(self, executor: ModelExecutor, elapsed_ns: int, lane: object = None) -> None:
         """One of `executor`'s batches came back after `elapsed_ns` on its lane: its lane takes the next batch now,
-        not after the answers of this one (up to a few ms of the loop's time at 32 requests a batch)."""
+        not after the answers of this one (up to a few ms of the loop's time at 32 requests a batch). `lane`: the
+        dispatched batch's, whose rate-limiter resources it gives back (None: a request run at once held none)."""
+        if lane is not None and self.limiter is not None:
+            self.limiter.release(executor, lane)
         if executor in self._virtual_ns:
             self._virtual_ns[executor] += elapsed_ns
         self._pump()
@@ -69,7 +81,7 @@ class StreamScheduler:
         when its batch policy would wait for more (ModelExecutor.run_now)."""
         if self._pump_scheduled:
             return None
-        idle = [lane for lane in executor.lanes if not lane.busy]
+        idle = self._idle(executor)
         if not idle or not form_batch((1,), 0.0, 0.0, len(idle), executor.batcher.cfg).take:
             return None
         return self._choose_lane(executor, idle)
@@ -90,7 +102,10 @@ class StreamScheduler:
                 break
             executor, entries, idle = ready
             self.batches_dispatched += 1
-            executor.dispatch(entries, self._choose_lane(executor, idle))
+            lane = self._choose_lane(executor, idle)
+            if self.limiter is not None:
+                self.limiter.acquire(executor, lane)
+            executor.dispatch(entries, lane)
         if wake_s != _NEVER:
             self._arm_timer(self.loop.time() + wake_s)
 
@@ -104,8 +119,8 @@ class StreamScheduler:
             batcher = executor.batcher
             if not batcher.pending:
                 continue
-            idle = [lane for lane in executor.lanes if not lane.busy]
-            if not idle:  # every lane busy: its next finish pumps again (no queue scan per submit)
+            idle = self._idle(executor)
+            if not idle:  # every lane busy (or its resources held): the next finish pumps again (no scan per submit)
                 blocked.append(executor)
                 continue
             decision, head = batcher.decide(now_ns, len(idle))
@@ -125,7 +140,7 @@ class StreamScheduler:
         that always has a full batch would keep the lane busy, and that one would wait for ever."""
         best, best_key, waited_for = None, _NEVER, None
         for executor in blocked:
-            spare = [lane for lane in executor.lanes if lane.spare]  # mostly none: checked first, the rest seldom
+            spare = [lane for lane in executor.lanes if lane.spare and self._allows(executor, lane)]  # mostly none
             if not spare or not executor.launches_more:
                 continue
             if waited_for is None:
@@ -138,6 +153,16 @@ class StreamScheduler:
             if decision.take and executor.full(head[:decision.take]) and (best is None or key < best_key):
                 best, best_key = (executor, head[:decision.take], spare), key
         return best
+
+    def _idle(self, executor: ModelExecutor) -> list:
+        """`executor`'s lanes that are idle and, with the rate limiter on, whose device has its resources free."""
+        limiter = self.limiter
+        if limiter is None:
+            return [lane for lane in executor.lanes if not lane.busy]
+        return [lane for lane in executor.lanes if not lane.busy and limiter.allows(executor, lane)]
+
+    def _allows(self, executor: ModelExecutor, lane: object) -> bool:
+        return self.limiter is None or self.limiter.allows(executor, lane)
 
     def _arm_timer(self, at: float) -> None:
         if at < self._timer_at:

@@ -139,13 +139,13 @@ def test_priority_levels_get_their_own_queue_policies():
 def test_ignored_fields_load():
     ignored = [p for p, (cls, _) in FIELDS.items() if cls == IGNORED]
     assert "instance_group.name" in ignored and "optimization.input_pinned_memory" in ignored
-    assert "optimization.priority" in ignored and "instance_group.rate_limiter" in ignored
+    assert "optimization.priority" in ignored
     cfg = _complete('max_batch_size: 8\ninput [ { name: "INPUT" format: FORMAT_NHWC } ]\n'
                     "optimization { input_pinned_memory { enable: false } eager_batching: true\n"
                     "  priority: PRIORITY_MIN }\n"
                     'instance_group [ { name: "g" kind: KIND_CPU rate_limiter { resources [ { name: "R1" count: 2 } ]\n'
                     "  priority: 2 } } ]")
-    spec_from_config(cfg, Path("/nonexistent"))  # Triton loads both (its rate limiter is off by default)
+    spec_from_config(cfg, Path("/nonexistent"))  # Triton loads both (the rate limiter: honoured only when on)
     assert cfg.instance_group[0].rate_limiter.resources[0].count == 2  # and the config shows them as written
 
 

@@ -84,7 +84,7 @@ class RecordingScheduler:
     def notify(self):
         self.notified += 1
 
-    def finished(self, executor, elapsed_ns):
+    def finished(self, executor, elapsed_ns, lane=None):
         self.finished_calls.append((executor.name, elapsed_ns))
 
     def unregister(self, executor):
