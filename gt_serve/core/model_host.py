@@ -249,10 +249,7 @@ class LocalModelHost:
                                  BatchCompletion(model.name, model.stats, self._energy_observer,
                                                  AnswerOrder() if batch_cfg.preserve_ordering else None),
                                  self.scheduler, model.spec, version=model.version,
-                                 weight=float(knobs.get("weight", 1.0)) / priority,
-                                 # a ragged model's run time follows its requests' lengths, which its shape key
-                                 # does not tell apart: its batches never run on the loop's thread (core/ragged.py)
-                                 inline_max_ns=0 if model.spec.ragged is not None else self._inline_max_ns,
+                                 weight=float(knobs.get("weight", 1.0)) / priority, inline_max_ns=self._inline_max_ns,
                                  launch=self._launch, tiny=placed.tiny)
         executor.rate_needs = needs  # the rate limiter's, read when the scheduler registers it
         providers = sorted({getattr(r, "provider", "?") for r in executor.runners})

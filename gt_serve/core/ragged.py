@@ -17,6 +17,7 @@ Plain data and NumPy: execution/batch_job.RaggedBatchJob calls `feeds` and `spli
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Callable, Sequence
 
 import numpy as np
@@ -48,15 +49,11 @@ class BatchInputSpec:
             rank = len(sources[0].shape) - 1
             items = np.array(shapes, dtype=self.dtype).reshape(len(shapes), rank)
             return items.reshape(-1) if kind == "item_shape_flat" else items
-        counts = np.array([s.size for s in sources], dtype=np.int64)
-        if kind == "count":
-            return counts.astype(self.dtype)
+        counts = [s.size for s in sources]
         if kind == "max":
-            return np.zeros(int(counts.max()), dtype=self.dtype)
-        running = np.cumsum(counts)
-        if kind == "accumulated0":
-            running = np.concatenate(([0], running))
-        return running.astype(self.dtype)
+            return np.zeros(max(counts), dtype=self.dtype)
+        values = counts if kind == "count" else list(accumulate(counts, initial=0 if kind == "accumulated0" else None))
+        return np.array(values, dtype=self.dtype)
 
 
 @dataclass(frozen=True)
@@ -68,12 +65,14 @@ class RaggedSettings:
     def feeds(self, feeds_list: Sequence[dict], pack: Pack) -> dict:
         """The model's inputs for a batch of requests' feeds: ragged inputs flattened and concatenated, the others
         packed along the batch dimension, and the batch inputs."""
-        out = {}
-        for name in feeds_list[0]:
-            arrays = [f[name] for f in feeds_list]
-            if name in self.ragged_inputs:
-                arrays = [a.reshape(-1) for a in arrays]
-            out[name] = arrays[0] if len(arrays) == 1 else pack(arrays)
+        ragged = self.ragged_inputs
+        if len(feeds_list) == 1:  # a lone request: nothing to join
+            out = {name: a.reshape(-1) if name in ragged else a for name, a in feeds_list[0].items()}
+        else:
+            out = {}
+            for name in feeds_list[0]:
+                arrays = [f[name] for f in feeds_list]
+                out[name] = pack([a.reshape(-1) for a in arrays] if name in ragged else arrays)
         for spec in self.batch_inputs:
             value = spec.make([f[spec.source] for f in feeds_list])
             for target in spec.targets:
@@ -84,8 +83,9 @@ class RaggedSettings:
               counts: Sequence[int]) -> list[list[np.ndarray]]:
         """Each request's outputs, in `names` order."""
         rows = sum(counts)
-        scatter = {out: (source, dims) for out, source, dims in self.scatter_outputs}
+        scatter = self._scatter
         per_request: list[list[np.ndarray]] = [[] for _ in feeds_list]
+        bounds = list(accumulate(counts))[:-1]
         for name, array in zip(names, outputs):
             if name in scatter:
                 source, dims = scatter[name]
@@ -94,26 +94,32 @@ class RaggedSettings:
                 if not array.shape or array.shape[0] != rows:
                     raise Internal(f"output '{name}' has shape {list(array.shape)}: a batch of {rows} item(s) of a "
                                    "ragged batch needs that many rows (a batch_output scatters by input shape)")
-                bounds = np.cumsum(counts)[:-1]
-                pieces = np.split(array, bounds)
+                pieces = [array] if not bounds else [array[a:b] for a, b in zip([0, *bounds], [*bounds, rows])]
             for i, piece in enumerate(pieces):
                 per_request[i].append(piece)
         return per_request
+
+    @property
+    def _scatter(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        return {out: (source, dims) for out, source, dims in self.scatter_outputs}
 
 
 def _scatter(flat: np.ndarray, shapes: list[tuple[int, ...]], dims: tuple[int, ...], name: str) -> list[np.ndarray]:
     """`flat` split into each request's piece: the output's dims after the batch dimension, each -1 the request's
     input dimension at that place."""
-    wanted = []
+    wanted, sizes = [], []
     for shape in shapes:
         body = [shape[1 + i] if d == -1 and 1 + i < len(shape) else d for i, d in enumerate(dims)]
         wanted.append((shape[0], *body))
-    sizes = [int(np.prod(w)) for w in wanted]
+        size = 1
+        for d in wanted[-1]:
+            size *= d
+        sizes.append(size)
     if any(s < 0 for s in sizes) or sum(sizes) != flat.size:
         raise Internal(f"output '{name}' has {flat.size} element(s); scattered with its requests' input shapes "
                        f"it needs {sum(max(s, 0) for s in sizes)}")
-    pieces = np.split(flat, np.cumsum(sizes)[:-1])
-    return [p.reshape(w) for p, w in zip(pieces, wanted)]
+    ends = list(accumulate(sizes))
+    return [flat[end - size:end].reshape(w) for size, end, w in zip(sizes, ends, wanted)]
 
 
 def batch_input_targets(cfg: mc.ModelConfig) -> set[str]:
