@@ -133,6 +133,9 @@ def ragged_settings(cfg: mc.ModelConfig) -> RaggedSettings | None:
     if not ragged and not cfg.batch_input and not cfg.batch_output:
         return None
     where = f"model '{cfg.name}'"
+    if cfg.max_batch_size <= 0:
+        raise ConfigError(f"{where}: ragged batching (allow_ragged_batch, batch_input, batch_output) needs "
+                          "max_batch_size > 0: it batches requests")
     if cfg.HasField("sequence_batching"):
         raise ConfigError(f"{where}: ragged batching (allow_ragged_batch, batch_input, batch_output) with "
                           "sequence_batching is not supported")

@@ -52,7 +52,12 @@ class BatchJob:
                 loan.release()
         if outputs is None:
             return self._one_by_one(t0, t1)
-        return self._split(outputs, t0, t1)
+        try:
+            return self._split(outputs, t0, t1)
+        except Exception:
+            if len(self.feeds_list) == 1:
+                raise
+            return self._one_by_one(t0, t1)  # outputs that cannot be split back (a ragged model's): find whose
 
     def start(self, finish: Callable[[Any, BaseException | None], None], retry: Callable[[Callable], None]) -> None:
         """The job without a thread of its own (`Lane.launch`): pack on the calling thread, start the run in
@@ -70,7 +75,10 @@ class BatchJob:
                 try:
                     result = self._split(outputs, t0, t1, getattr(_pool_thread, "free_ns", 0))
                 except Exception as e:  # noqa: BLE001 - nothing may escape into onnxruntime's thread
-                    finish(None, e)
+                    if len(self.feeds_list) == 1:
+                        finish(None, e)
+                    else:  # outputs that cannot be split back: each request alone, on a lane thread
+                        retry(lambda: self._one_by_one(t0, t1))
                 else:
                     finish(result, None)
             elif len(self.feeds_list) == 1:  # run again as the lane thread runs it: onnxruntime's callback gives

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -86,10 +87,12 @@ BASE = ('name: "m"\nmax_batch_size: 8\ninput [ { name: "INPUT" data_type: TYPE_F
      "batch_input target 'INPUT' is also in the config's input list"),
     ('batch_output [ { target_name: "NOPE" source_input: "INPUT" } ]', "batch_output target 'NOPE' is not one of"),
     ("sequence_batching { }", "with sequence_batching is not supported"),
+    ("", "needs max_batch_size > 0"),
 ])
 def test_config_mistakes_are_named(extra, message):
+    text = BASE + extra if extra else BASE.replace("max_batch_size: 8", "max_batch_size: 0")
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
-        ragged_settings(parse_pbtxt(BASE + extra, "test"))
+        ragged_settings(parse_pbtxt(text, "test"))
 
 
 def test_a_batch_input_target_must_be_a_graph_input_of_its_type():
@@ -161,3 +164,35 @@ def test_the_tiny_probe_leaves_a_ragged_model_alone(ragged_model):
 
     assert probe_feeds(ragged_model.spec) is None
     assert Path(ragged_model.path).is_file()
+
+
+def test_a_request_whose_outputs_cannot_be_split_back_fails_alone(ragged_model):
+    """The model answers one sum a request: a request of two rows in a batch with two of one row spoils the batch's
+    split; the job runs each request alone (as for a failed run), and only that request gets the error."""
+    runner = OnnxRunner(str(ragged_model.path), settings=ragged_model.spec.session)
+    rows = [np.ones((1, 3), np.float32), np.ones((2, 4), np.float32), np.ones((1, 5), np.float32)]
+    batch = SimpleNamespace(entries=[SimpleNamespace(feeds={"INPUT": r}, batch_size=r.shape[0]) for r in rows])
+    job = JobFactory(SimpleArrayBackend())(runner, batch, ragged_model.spec)
+    per_request, _ = job()
+    runner.close()
+    assert per_request[0][0].tolist() == [[3.0]] and per_request[2][0].tolist() == [[5.0]]
+    assert isinstance(per_request[1], Internal) and "output 'SUM' has shape [1, 1]" in str(per_request[1])
+
+
+def test_a_launched_batch_whose_outputs_cannot_be_split_back_is_run_again_request_by_request(ragged_model):
+    """The same batch launched into onnxruntime's pool (BatchJob.start): the split fails in onnxruntime's callback,
+    which hands the one-by-one run to `retry` (a lane thread runs it), never to `finish` as the batch's error."""
+    import threading
+
+    runner = OnnxRunner(str(ragged_model.path), intra_op_threads=2, settings=ragged_model.spec.session)
+    assert runner.runs_async
+    rows = [np.ones((1, 3), np.float32), np.ones((2, 4), np.float32)]
+    batch = SimpleNamespace(entries=[SimpleNamespace(feeds={"INPUT": r}, batch_size=r.shape[0]) for r in rows])
+    job = JobFactory(SimpleArrayBackend())(runner, batch, ragged_model.spec)
+    called, done = {}, threading.Event()
+    job.start(lambda result, exc: (called.update(finish=(result, exc)), done.set()),
+              lambda again: (called.update(retry=again), done.set()))
+    assert done.wait(WAIT_S) and list(called) == ["retry"]
+    per_request, _ = called["retry"]()
+    runner.close()
+    assert per_request[0][0].tolist() == [[3.0]] and isinstance(per_request[1], Internal)
