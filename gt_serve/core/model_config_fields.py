@@ -7,10 +7,14 @@ covers the field with everything below it.
 """
 from __future__ import annotations
 
+import logging
+
 from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 HONOURED, REFUSED, IGNORED, PARTIAL = "honoured", "refused", "ignored", "partial"
 
@@ -22,6 +26,9 @@ _RAGGED = ("requests of any shape batch together; the model gets the batch's ten
            "as Triton's onnxruntime backend gives them (core/ragged.py)")
 _IN_ORDER = ("answers in the order their requests were taken into batches, a gRPC stream's too; cache hits after "
              "the batches taken before them (core/answer_order.py)")
+
+# ignored fields that another backend reads: a config that sets them gets a warning at load
+WARN_IGNORED = frozenset({"optimization.cuda"})
 
 # path -> (class, why); a refused field is refused when set to anything but its default
 FIELDS: dict[str, tuple[str, str]] = {
@@ -56,7 +63,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "optimization.priority": (IGNORED, "Triton sets its scheduler threads' nice level (and GPU stream priority) "
                               "from it; gt_serve's models share one event loop and its lanes: no thread is "
                               "the model's"),
-    "optimization.cuda": (REFUSED, _TRT),
+    "optimization.cuda": (IGNORED, "a TensorRT-backend setting (CUDA graphs); Triton's onnxruntime backend ignores it "
+                                   "too (a warning at load)"),
     "optimization.execution_accelerators": (HONOURED, "cpu: openvino; gpu: tensorrt, cuda"),
     "optimization.input_pinned_memory": (IGNORED, "host buffers come from the lanes' pools"),
     "optimization.output_pinned_memory": (IGNORED, "host buffers come from the lanes' pools"),
@@ -104,7 +112,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "instance_group.passive": (REFUSED, "passive instances are not implemented"),
     "instance_group.host_policy": (REFUSED, "host policies are not implemented"),
     "default_model_filename": (HONOURED, ""),
-    "cc_model_filenames": (REFUSED, _TRT),
+    "cc_model_filenames": (REFUSED, "Triton picks a GPU instance's model file by its compute capability from it; "
+                                    "not implemented"),
     "metric_tags": (REFUSED, "custom metric labels are not implemented"),
     "parameters": (HONOURED, "the onnxruntime backend's keys; unknown keys are refused"),
     "model_warmup": (HONOURED, "zero_data, random_data, input_data_file; on every lane before READY"),
@@ -149,11 +158,14 @@ def set_fields(message, prefix: str = ""):
 
 
 def check_fields(cfg: mc.ModelConfig, name: str) -> None:
-    """Refuse a config that sets a field gt_serve does not implement, naming the field."""
+    """Refuse a config that sets a field gt_serve does not implement, naming the field; warn of one set that only
+    another backend reads (WARN_IGNORED: the user may think it does something)."""
     for path, cls in set_fields(cfg):
         if cls == REFUSED:
             why = FIELDS.get(path, (REFUSED, "not known to gt_serve"))[1]
             raise ConfigError(f"model '{name}': config field '{path}' is not supported ({why})")
+        if path in WARN_IGNORED:
+            log.warning("model %s: config field '%s' is ignored (%s)", name, path, FIELDS[path][1])
     _check_values(cfg, name)
     _check_queues(cfg.dynamic_batching, name)
 

@@ -103,7 +103,7 @@ def test_refused_top_level_fields_fail_the_load_naming_them(path):
     ("dynamic_batching { preserve_ordering: true priority_levels: 1 default_priority_level: 1 priority_queue_policy "
      "{ key: 1 value: { timeout_action: DELAY default_timeout_microseconds: 100 } } }",
      "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for m"),
-    ("optimization { cuda { graphs: true } }", "optimization.cuda"),
+    ("cc_model_filenames { key: \"8.0\" value: \"model_sm80.onnx\" }", "cc_model_filenames"),
     ("instance_group [ { kind: KIND_CPU passive: true } ]", "instance_group.passive"),
     ('instance_group [ { kind: KIND_CPU host_policy: "numa0" } ]', "instance_group.host_policy"),
     ("instance_group [ { kind: KIND_MODEL } ]", "KIND_MODEL"),
@@ -134,6 +134,18 @@ def test_priority_levels_get_their_own_queue_policies():
     batcher = Batcher("m", BatchConfig(8), default, wake=lambda: None, priority_levels=levels,
                       default_priority=default_level, level_policies=level_policies)
     assert batcher.policies == [level_policies[1], default, default]
+
+
+def test_a_tensorrt_setting_loads_with_a_warning(caplog):
+    """optimization.cuda is the TensorRT backend's; Triton's onnxruntime backend ignores it, so the load does too,
+    and says so."""
+    with caplog.at_level("WARNING"):
+        _complete("max_batch_size: 8\noptimization { cuda { graphs: true busy_wait_events: true } }")
+    assert "config field 'optimization.cuda' is ignored" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        _complete('max_batch_size: 8\ninstance_group [ { name: "g" kind: KIND_CPU } ]')  # ignored, not warned
+    assert "is ignored" not in caplog.text
 
 
 def test_ignored_fields_load():
