@@ -1,6 +1,7 @@
 """What every benchmark here shares: one JSON line per record, and CPU / energy accounting from /proc and RAPL.
 
     emit(record, jsonl_path=None)        print one JSON line (and append it to a file when asked)
+    sweep_args(parser, argv)             a perf_analyzer sweep's common flags, parsed, its lists split
     tree_cpu_s(pid)                      utime+stime of a process, its threads and its live and reaped children
     RaplMeter()                          package energy from /sys/class/powercap/intel-rapl:N/energy_uj, when readable
     CpuEnergyWindow(pid, rapl)           both, before/after one load point
@@ -9,6 +10,7 @@ bench/ never imports tests/: a benchmark starts what it needs itself (gt_serve.t
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from dataclasses import dataclass
@@ -25,6 +27,17 @@ def emit(record: dict, jsonl_path: str | os.PathLike | None = None) -> dict:
         with open(jsonl_path, "a") as f:
             f.write(line + "\n")
     return record
+
+
+def sweep_args(p: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """`p` with the flags every perf_analyzer sweep takes (--perf-analyzer, --jsonl), parsed: --concurrency and
+    --protocols (which `p` declares, with its defaults) split into lists."""
+    p.add_argument("--perf-analyzer", default=None)
+    p.add_argument("--jsonl", default=None)
+    a = p.parse_args(argv)
+    a.concurrency = [int(c) for c in a.concurrency.split(",") if c]
+    a.protocols = [x for x in a.protocols.split(",") if x]
+    return a
 
 
 def triton_columns(point: dict, triton: dict) -> str:

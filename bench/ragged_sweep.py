@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import sweep_servers  # noqa: E402
-from common import emit  # noqa: E402
+from common import emit, sweep_args  # noqa: E402
 from perf_sweep import perf_analyzer_path, perf_analyzer_point  # noqa: E402
 
 from gt_serve.testing.launcher import launch  # noqa: E402
@@ -178,12 +178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--protocols", default="grpc")
     p.add_argument("--interval-ms", type=int, default=2000)
     p.add_argument("--raw-s", type=float, default=3.0)
-    p.add_argument("--perf-analyzer", default=None)
-    p.add_argument("--jsonl", default=None)
-    a = p.parse_args(argv)
-    a.concurrency = [int(c) for c in a.concurrency.split(",") if c]
-    a.protocols = [x for x in a.protocols.split(",") if x]
-    return a
+    return sweep_args(p, argv)
 
 
 def main() -> None:

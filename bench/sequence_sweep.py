@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import sweep_servers  # noqa: E402
-from common import emit, triton_columns  # noqa: E402
+from common import emit, sweep_args, triton_columns  # noqa: E402
 from perf_sweep import perf_analyzer_path, perf_analyzer_point, raw_point  # noqa: E402
 
 from gt_serve.testing import model_builders as mb  # noqa: E402
@@ -123,13 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--streaming", action="store_true", help="gRPC points over one stream per client")
     p.add_argument("--interval-ms", type=int, default=2000)
     p.add_argument("--raw-s", type=float, default=3.0, help="seconds of each raw onnxruntime point")
-    p.add_argument("--perf-analyzer", default=None)
     p.add_argument("--triton-venv", default=None)
-    p.add_argument("--jsonl", default=None)
-    a = p.parse_args(argv)
-    a.concurrency = [int(c) for c in a.concurrency.split(",") if c]
-    a.protocols = [x for x in a.protocols.split(",") if x]
-    return a
+    return sweep_args(p, argv)
 
 
 def main() -> None:
