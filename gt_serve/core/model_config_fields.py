@@ -8,6 +8,7 @@ covers the field with everything below it.
 from __future__ import annotations
 
 import logging
+import re
 
 from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
@@ -26,6 +27,8 @@ _RAGGED = ("requests of any shape batch together; the model gets the batch's ten
            "as Triton's onnxruntime backend gives them (core/ragged.py)")
 _IN_ORDER = ("answers in the order their requests were taken into batches, a gRPC stream's too; cache hits after "
              "the batches taken before them (core/answer_order.py)")
+
+_TAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_]*")
 
 # ignored fields that another backend reads: a config that sets them gets a warning at load
 WARN_IGNORED = frozenset({"optimization.cuda"})
@@ -114,7 +117,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "default_model_filename": (HONOURED, ""),
     "cc_model_filenames": (REFUSED, "Triton picks a GPU instance's model file by its compute capability from it; "
                                     "not implemented"),
-    "metric_tags": (REFUSED, "custom metric labels are not implemented"),
+    "metric_tags": (HONOURED, "each tag a label _KEY on the model's nv_inference_* and nv_cache_* metrics, as Triton "
+                              "adds them"),
     "parameters": (HONOURED, "the onnxruntime backend's keys; unknown keys are refused"),
     "model_warmup": (HONOURED, "zero_data, random_data, input_data_file; on every lane before READY"),
     "model_operations": (HONOURED, "op_library_filename: custom-operator libraries registered with every session of "
@@ -168,6 +172,10 @@ def check_fields(cfg: mc.ModelConfig, name: str) -> None:
             log.warning("model %s: config field '%s' is ignored (%s)", name, path, FIELDS[path][1])
     _check_values(cfg, name)
     _check_queues(cfg.dynamic_batching, name)
+    for key in cfg.metric_tags:  # each becomes the Prometheus label "_KEY" (Triton's): a name Prometheus takes
+        if not _TAG_KEY.fullmatch(key):
+            raise ConfigError(f"model '{name}': metric_tags key {key!r} must be letters, digits and '_', not "
+                              f"starting with '_' (it becomes the metric label '_{key}')")
 
 
 # what an ensemble's config may set (Triton: the steps' own configs say how each step runs)

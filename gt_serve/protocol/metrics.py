@@ -29,6 +29,14 @@ from .http_server import HttpServer
 from .status_page import STATUS_HTML
 
 
+def _tagged(fam, model: Any) -> None:
+    """The sample just added for `model` with its config's metric_tags as labels `_KEY`, as Triton adds them."""
+    tags = model.config.metric_tags
+    if tags:
+        last = fam.samples[-1]
+        fam.samples[-1] = last._replace(labels={**last.labels, **{f"_{k}": v for k, v in sorted(tags.items())}})
+
+
 class ServerCollector:
     """Reads the app's live objects; registered on a per-app CollectorRegistry."""
 
@@ -44,6 +52,7 @@ class ServerCollector:
             fam = CounterMetricFamily(name, doc, labels=labels)
             for m in models:
                 fam.add_metric([m.name, m.version], pick(m.stats))
+                _tagged(fam, m)
             return fam
 
         d = lambda key, field: (lambda s: getattr(s.durations[key], field))  # noqa: E731
@@ -75,13 +84,14 @@ class ServerCollector:
             for way, count in getattr(ex, "ran", {}).items():
                 ways.add_metric([m.name, m.version, way], count)
             queue.add_metric([m.name, m.version], getattr(ex, "pending", 0))
+            _tagged(queue, m)
         yield batches
         yield ways
         yield queue
         pending = GaugeMetricFamily("nv_inference_pending_request_count",
                                     "Requests queued for the model and not yet running (Triton's name)", labels=labels)
         for sample in queue.samples:
-            pending.add_metric([sample.labels["model"], sample.labels["version"]], sample.value)
+            pending.samples.append(sample._replace(name=pending.name))
         yield pending
 
         busy = CounterMetricFamily("gt_lane_busy_seconds", "Time each lane spent running batches", labels=["lane", "device"])
@@ -120,6 +130,7 @@ class ServerCollector:
             for m in cached:
                 value = getattr(m.stats.durations[key], field)
                 fam.add_metric([m.name, m.version], value / 1e3 if field == "ns" else value)
+                _tagged(fam, m)
             yield fam
         yield GaugeMetricFamily("gt_response_cache_bytes", "Bytes held by the response cache", value=cache.used_bytes)
         yield GaugeMetricFamily("gt_response_cache_capacity_bytes", "Response cache capacity",

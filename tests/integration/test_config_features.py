@@ -48,6 +48,7 @@ parameters { key: "inter_op_thread_count" value: { string_value: "1" } }
 parameters { key: "enable_mem_pattern" value: { string_value: "0" } }
 '''
 CACHED = 'max_batch_size: 8\nresponse_cache { enable: true }\n'
+TAGGED = 'max_batch_size: 8\nmetric_tags { key: "team" value: "vision" }\nmetric_tags { key: "tier" value: "gold" }\n'
 LEVELS = ('max_batch_size: 8\ndynamic_batching { priority_levels: 2 default_priority_level: 2\n'
           '  priority_queue_policy { key: 1 value: { max_queue_size: 4 default_timeout_microseconds: 1000000 } } }\n')
 COUNTED = 'max_batch_size: 8\nparameters { key: "intra_op_thread_count" value: { string_value: "2" } }\n'
@@ -80,7 +81,7 @@ def _repo(root: Path) -> Path:
     (root / "warm" / "warmup").mkdir()
     (root / "warm" / "warmup" / "ones.bin").write_bytes(np.ones(16, dtype=np.int32).tobytes())
     for name, text in (("reshaped", RESHAPED), ("tuned", TUNED), ("cached", CACHED), ("counted", COUNTED),
-                       ("levels", LEVELS)):
+                       ("levels", LEVELS), ("tagged", TAGGED)):
         mb.scale(root / name / "1" / "model.onnx", factor=2.0, width=4)
         (root / name / "config.pbtxt").write_text(f'name: "{name}"\n' + text)
     mb.argmax(root / "argmax" / "1" / "model.onnx")  # no config.pbtxt
@@ -104,7 +105,7 @@ def server(tmp_path_factory):
                        "--load-model", "warm", "--load-model", "reshaped", "--load-model", "tuned",
                        "--load-model", "cached", "--load-model", "argmax", "--load-model", "cached_ensemble",
                        "--load-model", "counted", "--load-model", "mlp", "--load-model", "levels",
-                       "--load-model", "sealed",
+                       "--load-model", "sealed", "--load-model", "tagged",
                        "--cache-config", f"local,size={CACHE_BYTES}")
     yield srv
     srv.stop()
@@ -329,3 +330,19 @@ def test_the_checksum_agent_guards_the_model_files(server):
     with pytest.raises(InferenceServerException, match="Mismatched MD5 hash"):
         client.load_model("sealed_upload", config=json.dumps(config), files={"file:1/model.onnx": sealed + b" "})
     assert _doubles(client, "sealed_upload")
+
+
+def test_metric_tags_label_the_models_metrics(server):
+    """Triton's metric reporter adds each metric_tags entry as a label "_KEY" to the model's metrics."""
+    client = httpclient.InferenceServerClient(server.http_url)
+    assert _doubles(client, "tagged")
+    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    counts = [line for line in text.splitlines() if line.startswith("nv_inference_count") and 'model="tagged"' in line]
+    assert counts and '_team="vision"' in counts[0] and '_tier="gold"' in counts[0]
+    assert float(counts[0].split()[-1]) >= 1
+    pending = [line for line in text.splitlines()
+               if line.startswith("nv_inference_pending_request_count") and 'model="tagged"' in line]
+    assert pending and '_team="vision"' in pending[0]
+    others = [line for line in text.splitlines() if line.startswith("nv_inference_count") and 'model="tuned"' in line]
+    assert others and "_team" not in others[0]  # another model's series carry no tags of this one

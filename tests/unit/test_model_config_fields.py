@@ -104,6 +104,8 @@ def test_refused_top_level_fields_fail_the_load_naming_them(path):
      "{ key: 1 value: { timeout_action: DELAY default_timeout_microseconds: 100 } } }",
      "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for m"),
     ("cc_model_filenames { key: \"8.0\" value: \"model_sm80.onnx\" }", "cc_model_filenames"),
+    ('metric_tags { key: "_hidden" value: "x" }', "metric_tags key '_hidden' must be letters, digits and '_'"),
+    ('metric_tags { key: "team-name" value: "x" }', "metric_tags key 'team-name'"),
     ("instance_group [ { kind: KIND_CPU passive: true } ]", "instance_group.passive"),
     ('instance_group [ { kind: KIND_CPU host_policy: "numa0" } ]', "instance_group.host_policy"),
     ("instance_group [ { kind: KIND_MODEL } ]", "KIND_MODEL"),
