@@ -172,7 +172,12 @@ def check_fields(cfg: mc.ModelConfig, name: str) -> None:
             log.warning("model %s: config field '%s' is ignored (%s)", name, path, FIELDS[path][1])
     _check_values(cfg, name)
     _check_queues(cfg.dynamic_batching, name)
-    for key in cfg.metric_tags:  # each becomes the Prometheus label "_KEY" (Triton's): a name Prometheus takes
+    check_metric_tags(cfg, name)
+
+
+def check_metric_tags(cfg: mc.ModelConfig, name: str) -> None:
+    """Each tag becomes the Prometheus label "_KEY" (Triton's): a name Prometheus takes."""
+    for key in cfg.metric_tags:
         if not _TAG_KEY.fullmatch(key):
             raise ConfigError(f"model '{name}': metric_tags key {key!r} must be letters, digits and '_', not "
                               f"starting with '_' (it becomes the metric label '_{key}')")
@@ -181,8 +186,8 @@ def check_fields(cfg: mc.ModelConfig, name: str) -> None:
 # what an ensemble's config may set (Triton: the steps' own configs say how each step runs)
 ENSEMBLE_FIELDS = frozenset({"name", "platform", "backend", "version_policy", "max_batch_size", "input.name",
                              "input.data_type", "input.dims", "input.format", "output.name", "output.data_type",
-                             "output.dims", "output.label_filename", "ensemble_scheduling",
-                             "response_cache"})  # Triton caches an ensemble's own requests
+                             "output.dims", "output.label_filename", "ensemble_scheduling", "metric_tags",
+                             "response_cache"})  # Triton caches an ensemble's own requests, and tags its metrics
 
 
 def check_ensemble_fields(cfg: mc.ModelConfig, name: str) -> None:
@@ -193,6 +198,7 @@ def check_ensemble_fields(cfg: mc.ModelConfig, name: str) -> None:
                               "model's own config says how the step runs)")
     if not cfg.ensemble_scheduling.step:
         raise ConfigError(f"ensemble '{name}': platform 'ensemble' needs ensemble_scheduling with at least one step")
+    check_metric_tags(cfg, name)
 
 
 def _check_values(cfg: mc.ModelConfig, name: str) -> None:

@@ -115,10 +115,18 @@ def test_unused_input_and_batch_limit_and_nested_cycle():
      'ensemble_scheduling { step [ { model_name: "pre" } ] }', "input 'X' needs data_type and dims"),
     ('name: "other" platform: "ensemble" ensemble_scheduling { step [ { model_name: "pre" } ] }',
      "does not match the directory name"),
+    ('name: "e" platform: "ensemble" metric_tags { key: "bad key" value: "x" } '
+     'ensemble_scheduling { step [ { model_name: "pre" } ] }', "metric_tags key 'bad key'"),
 ])
 def test_ensemble_configs_are_checked(text, words):
     with pytest.raises(ConfigError, match=words):
         complete_ensemble_config(parse_pbtxt(text, "e"), "e")
+
+
+def test_an_ensemble_may_tag_its_metrics():
+    """Triton's ensemble scheduler reports the ensemble's metrics with its config's metric_tags, as a model's."""
+    cfg = config([step("pre", {"INPUT": "X"}, {"OUTPUT": "Y"})], extra='metric_tags { key: "team" value: "v" }')
+    assert prepare(cfg).steps and dict(cfg.metric_tags) == {"team": "v"}
 
 
 def test_step_versions_are_read():
