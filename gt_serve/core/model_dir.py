@@ -9,15 +9,13 @@ load fails with Triton's message. Any other agent fails the load naming it.
 from __future__ import annotations
 
 import hashlib
-import os
-import stat
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import ConfigError, InvalidArgument, Unsupported
 from .model_config import config_mentions_batching, parse_json_override, parse_pbtxt
-from .repository_paths import confine, shown
+from .repository_paths import open_model_file, shown
 
 CHECKSUM_AGENT = "checksum"
 _CHUNK = 1 << 20
@@ -66,20 +64,13 @@ def _check_sum(model_dir: Path, name: str, key: str, expected: str) -> None:
         raise InvalidArgument(f"failed to parse key: {shown(key)}")
     if algorithm.lower() != "md5":
         raise Unsupported(f"Unsupported checksum algorithm: {shown(algorithm)}")
-    got = _md5(confine(model_dir, relative, model=name, what="checksum agent file"), relative)
-    if got != expected:
-        raise InvalidArgument(f"Mismatched MD5 hash for file {shown(relative)}, expect: {shown(expected)}, got: {got}")
-
-
-def _md5(path: Path, relative: str) -> str:
-    """The file's MD5 (hex), read in chunks without waiting on a FIFO; it must be a regular file."""
     digest = hashlib.md5(usedforsecurity=False)
     try:
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise OSError("not a regular file")
+        with open_model_file(model_dir, relative, model=name, what="checksum agent file") as fh:
             while chunk := fh.read(_CHUNK):
                 digest.update(chunk)
     except OSError:
         raise InvalidArgument(f"failed to open file for read {shown(relative)}") from None
-    return digest.hexdigest()
+    if digest.hexdigest() != expected:
+        raise InvalidArgument(f"Mismatched MD5 hash for file {shown(relative)}, expect: {shown(expected)}, got: "
+                              f"{digest.hexdigest()}")

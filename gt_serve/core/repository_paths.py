@@ -21,6 +21,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -81,14 +82,22 @@ def confine(base: Path, value: str, *, model: str, what: str) -> Path:
     return Path(target)
 
 
-def read_model_file(model_dir: Path, relative: str, *, model: str, what: str, limit: int, where: str) -> bytes:
-    """A regular file of at most `limit` bytes inside the model directory (`relative`, confined to it), read without
-    following a link or waiting on a FIFO; else a ConfigError that starts with `where` and names `what`."""
+def open_model_file(model_dir: Path, relative: str, *, model: str, what: str) -> BinaryIO:
+    """A regular file inside the model directory (`relative`, confined to it: PathNotAllowed otherwise), opened for
+    reading without following a link or waiting on a FIFO; OSError where it cannot be, or is not a regular file."""
     path = confine(model_dir, relative, model=model, what=what)
+    fh = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb")
+    if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+        fh.close()
+        raise OSError("not a regular file")
+    return fh
+
+
+def read_model_file(model_dir: Path, relative: str, *, model: str, what: str, limit: int, where: str) -> bytes:
+    """A regular file of at most `limit` bytes inside the model directory (`open_model_file`), read; else a
+    ConfigError that starts with `where` and names `what`."""
     try:
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise OSError("not a regular file")
+        with open_model_file(model_dir, relative, model=model, what=what) as fh:
             raw = fh.read(limit + 1)
     except OSError:
         raise ConfigError(f"{where}: {what} '{shown(relative)}' cannot be read") from None
