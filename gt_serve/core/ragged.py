@@ -60,7 +60,7 @@ class BatchInputSpec:
 class RaggedSettings:
     ragged_inputs: frozenset[str]
     batch_inputs: tuple[BatchInputSpec, ...]
-    scatter_outputs: tuple[tuple[str, str, tuple[int, ...]], ...]  # (output, source input, the output's dims)
+    scatter_outputs: dict[str, tuple[str, tuple[int, ...]]]  # output -> (its source input, the output's dims)
 
     def feeds(self, feeds_list: Sequence[dict], pack: Pack) -> dict:
         """The model's inputs for a batch of requests' feeds: ragged inputs flattened and concatenated, the others
@@ -83,7 +83,7 @@ class RaggedSettings:
               counts: Sequence[int]) -> list[list[np.ndarray]]:
         """Each request's outputs, in `names` order."""
         rows = sum(counts)
-        scatter = self._scatter
+        scatter = self.scatter_outputs
         per_request: list[list[np.ndarray]] = [[] for _ in feeds_list]
         bounds = list(accumulate(counts))[:-1]
         for name, array in zip(names, outputs):
@@ -98,10 +98,6 @@ class RaggedSettings:
             for i, piece in enumerate(pieces):
                 per_request[i].append(piece)
         return per_request
-
-    @property
-    def _scatter(self) -> dict[str, tuple[str, tuple[int, ...]]]:
-        return {out: (source, dims) for out, source, dims in self.scatter_outputs}
 
 
 def _scatter(flat: np.ndarray, shapes: list[tuple[int, ...]], dims: tuple[int, ...], name: str) -> list[np.ndarray]:
@@ -142,15 +138,15 @@ def ragged_settings(cfg: mc.ModelConfig) -> RaggedSettings | None:
     inputs = {t.name for t in cfg.input}
     batch_inputs = tuple(_batch_input(b, inputs, where) for b in cfg.batch_input)
     outputs = {t.name: tuple(int(d) for d in t.dims) for t in cfg.output}
-    scatter = []
+    scatter = {}
     for b in cfg.batch_output:
         if len(b.source_input) != 1 or b.source_input[0] not in inputs or not b.target_name:
             raise ConfigError(f"{where}: batch_output needs target_name and one source_input of the config's inputs")
         for target in b.target_name:
             if target not in outputs:
                 raise ConfigError(f"{where}: batch_output target '{target}' is not one of the config's outputs")
-            scatter.append((target, b.source_input[0], outputs[target]))
-    return RaggedSettings(ragged, batch_inputs, tuple(scatter))
+            scatter[target] = (b.source_input[0], outputs[target])
+    return RaggedSettings(ragged, batch_inputs, scatter)
 
 
 def _batch_input(b, inputs: set[str], where: str) -> BatchInputSpec:

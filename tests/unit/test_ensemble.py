@@ -246,7 +246,7 @@ def test_an_ensemble_of_a_ragged_step_model_does_not_group_its_requests(monkeypa
     change what such a step model computes (core/ragged.py), so its ensemble, and one nesting it, never groups."""
     chain = [step("pre", {"INPUT": "X"}, {"OUTPUT": "h"}), step("mid", {"INPUT": "h"}, {"OUTPUT": "Y"})]
     assert prepare(config(chain)).groups
-    monkeypatch.setitem(SPECS, "mid", replace(SPECS["mid"], ragged=RaggedSettings(frozenset({"INPUT"}), (), ())))
+    monkeypatch.setitem(SPECS, "mid", replace(SPECS["mid"], ragged=RaggedSettings(frozenset({"INPUT"}), (), {})))
     plan = prepare(config(chain))
     assert not plan.groups
     monkeypatch.setitem(SPECS, "inner", model_spec("inner", {"X": 4}, {"Y": 4}))  # an ensemble nesting that one

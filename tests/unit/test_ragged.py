@@ -51,7 +51,7 @@ def test_the_max_element_count_is_a_shape():
 
 
 def test_ragged_inputs_are_flattened_and_joined_the_others_packed():
-    ragged = RaggedSettings(frozenset({"R"}), (BatchInputSpec("accumulated", ("END",), np.int32, "R"),), ())
+    ragged = RaggedSettings(frozenset({"R"}), (BatchInputSpec("accumulated", ("END",), np.int32, "R"),), {})
     feeds_list = [{"R": np.arange(3, dtype=np.float32).reshape(1, 3), "F": np.ones((1, 2), np.float32)},
                   {"R": np.arange(5, dtype=np.float32).reshape(1, 5), "F": np.zeros((1, 2), np.float32)}]
     feeds = ragged.feeds(feeds_list, lambda arrays: np.concatenate(arrays, axis=0))
@@ -62,7 +62,7 @@ def test_ragged_inputs_are_flattened_and_joined_the_others_packed():
 
 
 def test_outputs_are_split_by_rows_and_a_batch_output_by_each_requests_input_shape():
-    ragged = RaggedSettings(frozenset({"R"}), (), (("FLAT", "R", (-1,)), ("WIDE", "R", (-1, 2))))
+    ragged = RaggedSettings(frozenset({"R"}), (), {"FLAT": ("R", (-1,)), "WIDE": ("R", (-1, 2))})
     feeds_list = [{"R": np.zeros((1, 3))}, {"R": np.zeros((1, 2))}]
     rows, flat, wide = np.array([[1], [2]]), np.arange(5), np.arange(10)
     per_request = ragged.split([rows, flat, wide], ["ROWS", "FLAT", "WIDE"], feeds_list, [1, 1])
