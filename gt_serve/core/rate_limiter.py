@@ -69,6 +69,7 @@ class RateLimiter:
         self._held: Counter = Counter()  # (resource, device key or GLOBAL) -> copies in use
         self._batches: Counter = Counter()  # executor -> its batches holding resources now
         self._retiring: set = set()  # unregistered with batches still out: forgotten when the last is back
+        self._copies: dict[tuple[str, str], int] = {}  # `copies`, worked out again when the models change
 
     # -- models -------------------------------------------------------------------------------------
     def check(self, needs: dict[str, Needs], devices: tuple[str, ...]) -> None:
@@ -78,7 +79,7 @@ class RateLimiter:
             kind = "gpu" if device.startswith("gpu") else "cpu"
             for name, is_global, count in (needs[kind].resources if kind in needs else ()):
                 where = GLOBAL if is_global else device
-                given = self._given.get((name, where), self._given.get((name, None)))
+                given = self._given_copies(name, where)
                 if given is not None and count > given:
                     raise ConfigError(f"rate limiter: a batch needs {count} of resource '{name}' on {where} but "
                                       f"--rate-limit-resource gives {given}")
@@ -86,6 +87,7 @@ class RateLimiter:
     def register(self, executor: Any, needs: dict[str, Needs]) -> None:
         if needs:
             self._needs[executor] = needs
+            self._copies.clear()
 
     def unregister(self, executor: Any) -> None:
         """An unloaded model; one whose batches still hold resources (an unload that stopped waiting for them)
@@ -93,7 +95,7 @@ class RateLimiter:
         if self._batches[executor] > 0:
             self._retiring.add(executor)
         else:
-            self._needs.pop(executor, None)
+            self._forget(executor)
 
     def priority(self, needs: dict[str, Needs]) -> int:
         """The model's priority: its groups' highest (the lowest number)."""
@@ -102,47 +104,60 @@ class RateLimiter:
     # -- batches ------------------------------------------------------------------------------------
     def allows(self, executor: Any, lane: Any) -> bool:
         """Whether a batch of `executor` may start on `lane` now."""
-        needs = self._lane_needs(executor, lane)
-        if needs is None:
-            return True
-        device = lane.device
-        for name, is_global, count in needs.resources:
-            where = GLOBAL if is_global else device
-            if self._held[(name, where)] + count > self.copies(name, where):
-                return False
-        return True
+        held = self._held
+        return all(held[key] + count <= self.copies(*key) for key, count in self._holds(executor, lane))
 
     def acquire(self, executor: Any, lane: Any) -> None:
-        needs = self._lane_needs(executor, lane)
-        if needs is not None:
+        holds = self._holds(executor, lane)
+        if holds:
             self._batches[executor] += 1
-            for name, is_global, count in needs.resources:
-                self._held[(name, GLOBAL if is_global else lane.device)] += count
+            for key, count in holds:
+                self._held[key] += count
 
     def release(self, executor: Any, lane: Any) -> None:
-        needs = self._lane_needs(executor, lane)
-        if needs is None:
+        holds = self._holds(executor, lane)
+        if not holds:
             return
-        for name, is_global, count in needs.resources:
-            key = (name, GLOBAL if is_global else lane.device)
+        for key, count in holds:
             self._held[key] = max(0, self._held[key] - count)
         self._batches[executor] -= 1
         if self._batches[executor] <= 0:
             del self._batches[executor]
             if executor in self._retiring:
                 self._retiring.discard(executor)
-                self._needs.pop(executor, None)
+                self._forget(executor)
 
     def copies(self, name: str, where: str) -> int:
         """The resource's copies on a device (or in the global pool): --rate-limit-resource's, else the most any
         loaded model's batch holds there (so every model can run)."""
-        given = self._given.get((name, where), self._given.get((name, None)))
+        copies = self._copies.get((name, where))
+        if copies is None:
+            copies = self._copies[(name, where)] = self._count_copies(name, where)
+        return copies
+
+    def _count_copies(self, name: str, where: str) -> int:
+        given = self._given_copies(name, where)
         if given is not None:
             return given
         is_global = where == GLOBAL
         kinds = ("cpu", "gpu") if is_global else ("gpu" if where.startswith("gpu") else "cpu",)
         return max((count for needs in self._needs.values() for kind in kinds if kind in needs
                     for r, g, count in needs[kind].resources if r == name and g == is_global), default=0)
+
+    def _given_copies(self, name: str, where: str) -> int | None:
+        """--rate-limit-resource's copies of the resource there (a device's own, else every device's), or None."""
+        return self._given.get((name, where), self._given.get((name, None)))
+
+    def _holds(self, executor: Any, lane: Any) -> list[tuple[tuple[str, str], int]]:
+        """(resource, device key or GLOBAL), copies: what a batch of `executor` holds on `lane` (none: nothing)."""
+        needs = self._lane_needs(executor, lane)
+        if needs is None:
+            return []
+        return [((name, GLOBAL if is_global else lane.device), count) for name, is_global, count in needs.resources]
+
+    def _forget(self, executor: Any) -> None:
+        if self._needs.pop(executor, None) is not None:
+            self._copies.clear()
 
     def in_use(self) -> dict[str, int]:
         """Copies held now, by "resource@device" (the status page, tests)."""
