@@ -39,6 +39,7 @@ from common import emit, sweep_args  # noqa: E402
 from perf_sweep import perf_analyzer_path, perf_analyzer_point  # noqa: E402
 
 from gt_serve.testing.launcher import launch  # noqa: E402
+from gt_serve.testing.model_builders import save_model  # noqa: E402
 
 F, H, L_MAX, ENTRIES, RAW_BATCH = 64, 256, 128, 64, 8
 RAGGED = f"""name: "tokens_ragged"
@@ -72,7 +73,6 @@ def _mlp(helper, nodes: list, inits: list, x: str, out: str) -> None:
 
 def build_models(repo: Path) -> None:
     """Both models (and their configs) under `repo`."""
-    import onnx
     from onnx import TensorProto, helper
 
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
@@ -96,7 +96,7 @@ def build_models(repo: Path) -> None:
     graph = helper.make_graph(nodes, "tokens_ragged", [helper.make_tensor_value_info("INPUT", f32, ["e"]),
                                                        helper.make_tensor_value_info("INDEX", TensorProto.INT32, ["b"])],
                               [helper.make_tensor_value_info("MEAN", f32, ["b", F])], inits)
-    _save(onnx, helper, graph, repo / "tokens_ragged", RAGGED)
+    _save(graph, repo / "tokens_ragged", RAGGED)
     # padded: [B, L_MAX, F] -> MLP over every token -> mean over the first LEN tokens
     nodes, inits = [helper.make_node("Reshape", ["INPUT", "tokshape"], ["x"])], [const("tokshape", i64, [-1, F])]
     _mlp(helper, nodes, inits, "x", "y")
@@ -111,15 +111,11 @@ def build_models(repo: Path) -> None:
     graph = helper.make_graph(nodes, "tokens_padded", [helper.make_tensor_value_info("INPUT", f32, ["b", L_MAX, F]),
                                                        helper.make_tensor_value_info("LEN", TensorProto.INT32, ["b", 1])],
                               [helper.make_tensor_value_info("MEAN", f32, ["b", F])], inits)
-    _save(onnx, helper, graph, repo / "tokens_padded", PADDED)
+    _save(graph, repo / "tokens_padded", PADDED)
 
 
-def _save(onnx, helper, graph, model_dir: Path, config: str) -> None:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    onnx.checker.check_model(model)
-    (model_dir / "1").mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(model_dir / "1" / "model.onnx"))
+def _save(graph, model_dir: Path, config: str) -> None:
+    save_model(graph, model_dir / "1" / "model.onnx")  # (it makes the version directory)
     (model_dir / "config.pbtxt").write_text(config)
 
 
