@@ -116,12 +116,16 @@ class BatchJob:
         """The batch run failed: run each request alone, so that only the requests that fail get
         an error. A failed request's slot in the result holds its exception instead of outputs."""
         per_request: list = []
-        for feeds in self.feeds_list:
+        for feeds, count in zip(self.feeds_list, self.counts):
             try:
-                per_request.append(self.runner.run(feeds, self.output_names))
+                per_request.append(self._run_alone(feeds, count))
             except Exception as exc:  # noqa: BLE001 - handed to this request's future
                 per_request.append(exc)
         return per_request, (t1 - t0, _now_ns() - t1, 0)
+
+    def _run_alone(self, feeds: dict, count: int) -> list:
+        """One request's outputs, run by itself (`_one_by_one`)."""
+        return self.runner.run(feeds, self.output_names)
 
     def _pack(self, arrays: list, loans: list, pack=None):
         """Pack (with `pack`, default the backend's) into a pooled buffer (steady state allocates
@@ -156,15 +160,9 @@ class RaggedBatchJob(BatchJob):
         per_request = self.ragged.split(outputs, self.output_names, self.feeds_list, self.counts)
         return per_request, (t1 - t0, t2 - max(t1, run_ns), _now_ns() - t2)
 
-    def _one_by_one(self, t0: int, t1: int):
-        per_request: list = []
-        for feeds, count in zip(self.feeds_list, self.counts):
-            try:
-                outputs = self.runner.run(self.ragged.feeds([feeds], np.concatenate), self.output_names)
-                per_request.append(self.ragged.split(outputs, self.output_names, [feeds], [count])[0])
-            except Exception as exc:  # noqa: BLE001 - handed to this request's future
-                per_request.append(exc)
-        return per_request, (t1 - t0, _now_ns() - t1, 0)
+    def _run_alone(self, feeds: dict, count: int) -> list:
+        outputs = self.runner.run(self.ragged.feeds([feeds], np.concatenate), self.output_names)
+        return self.ragged.split(outputs, self.output_names, [feeds], [count])[0]
 
 
 class SimpleArrayBackend:
