@@ -205,7 +205,7 @@ class PlacementConfig:
     peer_max_utilisation: float = 0.5
     energy_slack: float = 0.1
     memory_budget_bytes: int = 0
-    memory_factor: float = 3.0  # a replica's memory estimate: model file bytes x this
+    memory_factor: float = 3.0  # a replica's memory estimate: the bytes of its model and external data files x this
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import ConfigError
+from .session_settings import ignored_parameters
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +115,15 @@ FIELDS: dict[str, tuple[str, str]] = {
     "instance_group.profile": (REFUSED, _TRT),
     "instance_group.passive": (REFUSED, "passive instances are not implemented"),
     "instance_group.host_policy": (REFUSED, "host policies are not implemented"),
-    "default_model_filename": (HONOURED, ""),
+    "default_model_filename": (HONOURED, "each version's model file (model.onnx by default); where it is a directory, "
+                                         "the model.onnx in it, beside its external data files (Triton's onnxruntime "
+                                         "backend)"),
     "cc_model_filenames": (REFUSED, "Triton picks a GPU instance's model file by its compute capability from it; "
                                     "not implemented"),
     "metric_tags": (HONOURED, "each tag a label _KEY on the model's nv_inference_* and nv_cache_* metrics, as Triton "
                               "adds them"),
-    "parameters": (HONOURED, "the onnxruntime backend's keys; unknown keys are refused"),
+    "parameters": (HONOURED, "the onnxruntime backend's keys; any other key loads with a warning, unread (as "
+                              "Triton loads it)"),
     "model_warmup": (HONOURED, "zero_data, random_data, input_data_file; on every lane before READY"),
     "model_operations": (HONOURED, "op_library_filename: custom-operator libraries registered with every session of "
                          "the model, as Triton's onnxruntime backend does; a load request's config may name only "
@@ -170,6 +174,9 @@ def check_fields(cfg: mc.ModelConfig, name: str) -> None:
             raise ConfigError(f"model '{name}': config field '{path}' is not supported ({why})")
         if path in WARN_IGNORED:
             log.warning("model %s: config field '%s' is ignored (%s)", name, path, FIELDS[path][1])
+    for key in ignored_parameters(cfg):
+        log.warning("model %s: parameters key '%s' is ignored (the onnxruntime backend does not read it; Triton "
+                    "loads it unread too)", name, key)
     _check_values(cfg, name)
     _check_queues(cfg.dynamic_batching, name)
     check_metric_tags(cfg, name)

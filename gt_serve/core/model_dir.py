@@ -1,5 +1,10 @@
-"""What a model directory says before anything of it loads: its config (or a load request's override), the
-versions its version policy picks, and the checks of its repository agents.
+"""What a model directory says before anything of it loads: its config (or a load request's override), each
+version's model file, the versions its version policy picks, and the checks of its repository agents.
+
+A version's model file is `VERSION/FILENAME` (`default_model_filename`, `model.onnx` by default), or, where that is
+a directory, `VERSION/FILENAME/model.onnx`: as Triton's onnxruntime backend, for a model kept in a directory of its
+own beside its external data files. `model_files` names the files a session of it reads (the model file and the
+external data files its graph names), for a copy of the model sent to a peer.
 
 The one agent is Triton's checksum agent (triton-inference-server/checksum_repository_agent), in its terms:
 `model_repository_agents { agents [ { name: "checksum" parameters { key: "MD5:relative/path" value: "hex" } } ] }`;
@@ -9,16 +14,19 @@ load fails with Triton's message. Any other agent fails the load naming it.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import ConfigError, InvalidArgument, Unsupported
 from .model_config import config_mentions_batching, parse_json_override, parse_pbtxt
-from .repository_paths import open_model_file, shown
+from .repository_paths import confine, open_model_file, shown
 
 CHECKSUM_AGENT = "checksum"
+MODEL_FILE_IN_DIRECTORY = "model.onnx"
 _CHUNK = 1 << 20
+_PARSED_AT_MOST = 64 << 20  # model_footprint_bytes: a larger model file holds its weights (its size is the estimate)
 
 
 def read_config(name: str, model_dir: Path, config_json: str | None) -> tuple[mc.ModelConfig, bool]:
@@ -30,6 +38,21 @@ def read_config(name: str, model_dir: Path, config_json: str | None) -> tuple[mc
         text = pbtxt.read_text()
         return parse_pbtxt(text, f"model '{name}' config.pbtxt"), config_mentions_batching(text)
     return mc.ModelConfig(), False
+
+
+def version_model_files(model_dir: Path, filename: str) -> dict[int, str]:
+    """Each version directory's model file, relative to the model directory (not confined yet: `confine` those
+    loaded); a version directory without one is no version."""
+    found: dict[int, str] = {}
+    for version_dir in model_dir.iterdir():
+        if not (version_dir.is_dir() and version_dir.name.isascii() and version_dir.name.isdigit()):
+            continue
+        path = version_dir / filename
+        if path.is_file():
+            found[int(version_dir.name)] = f"{version_dir.name}/{filename}"
+        elif path.is_dir() and (path / MODEL_FILE_IN_DIRECTORY).is_file():
+            found[int(version_dir.name)] = f"{version_dir.name}/{filename}/{MODEL_FILE_IN_DIRECTORY}"
+    return found
 
 
 def versions_to_load(cfg: mc.ModelConfig, available: list[int]) -> list[int]:
@@ -74,3 +97,44 @@ def _check_sum(model_dir: Path, name: str, key: str, expected: str) -> None:
     if digest.hexdigest() != expected:
         raise InvalidArgument(f"Mismatched MD5 hash for file {shown(relative)}, expect: {shown(expected)}, got: "
                               f"{digest.hexdigest()}")
+
+
+def model_files(model_file: Path, name: str) -> dict[str, Path]:
+    """The files a session of `model_file` reads, by their paths relative to its directory: the model file and the
+    external data files its graph names (onnx's `location`, relative to the model file's directory, as onnxruntime
+    reads them; confined to that directory). Reads the whole model file: call it off the event loop."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    graph = onnx.load(str(model_file), load_external_data=False).graph
+    base = os.path.realpath(model_file.parent)
+    files = {model_file.name: model_file}
+    for tensor in _tensors(graph):
+        if uses_external_data(tensor):
+            path = confine(model_file.parent, ExternalDataInfo(tensor).location, model=name, what="external data file")
+            files.setdefault(os.path.relpath(path, base), path)
+    return files
+
+
+def model_footprint_bytes(model_file: Path, name: str) -> int:
+    """The bytes of a model's files, as an estimate of what a copy of it takes; a model file of more than 64 MiB is
+    taken to hold its weights (it is not parsed for external data)."""
+    size = model_file.stat().st_size
+    if size > _PARSED_AT_MOST:
+        return size
+    return sum(path.stat().st_size for path in model_files(model_file, name).values())
+
+
+def _tensors(graph):
+    """Every tensor a graph holds: initializers, and constants of its nodes and subgraphs."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                yield from _tensors(sub)

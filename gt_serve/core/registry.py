@@ -17,7 +17,8 @@ from ..errors import (Code, GtServeError, Internal, InvalidArgument, InvalidMode
                       Unavailable)
 from .ensemble import EnsemblePlan, Step, is_ensemble, load_step_models, prepare_ensemble
 from .model_config import Describe, ModelSpec, complete_config, spec_from_config
-from .model_dir import read_config, run_repository_agents, versions_to_load
+from .model_dir import (MODEL_FILE_IN_DIRECTORY, read_config, run_repository_agents, version_model_files,
+                        versions_to_load)
 from .response_cache import check_cache_available
 from .repository_paths import NAME_RULE, UploadArea, check_config_paths, confine, is_plain_name, shown
 from .statistics import ModelStats
@@ -230,12 +231,12 @@ class ModelRegistry:
         if is_ensemble(base):
             return self._open_ensemble(name, model_dir, base)
         filename = base.default_model_filename or "model.onnx"
-        available = sorted((int(p.name) for p in model_dir.iterdir()
-                            if p.is_dir() and p.name.isascii() and p.name.isdigit() and (p / filename).is_file()), reverse=True)
-        if not available:
-            raise InvalidArgument(f"no version directory with '{shown(filename)}' in the model directory")
-        chosen = versions_to_load(base, available)
-        paths = {v: confine(model_dir, f"{v}/{filename}", model=name, what="default_model_filename") for v in chosen}
+        files = version_model_files(model_dir, filename)
+        if not files:
+            raise InvalidArgument(f"no version directory with '{shown(filename)}' in the model directory (a file, "
+                                  f"or a directory holding {MODEL_FILE_IN_DIRECTORY})")
+        chosen = versions_to_load(base, sorted(files, reverse=True))
+        paths = {v: confine(model_dir, files[v], model=name, what="default_model_filename") for v in chosen}
         graph_in, graph_out = self._describe_file(name, model_dir, paths[chosen[0]], base)
         opened: dict[str, LoadedModel] = {}
         try:

@@ -6,7 +6,11 @@ older CUDA keys cudnn_conv_algo_search / gpu_mem_limit / arena_extend_strategy /
 libraries); plus the tensors' reshapes.
 
 Plain data: backends/onnx_runner.py applies it to each session and checks the providers it really got.
-An unknown key or accelerator is refused here, naming it.
+An unknown accelerator, or an unknown option of the TensorRT accelerator, is refused here, naming it, as the
+backend refuses them. A `parameters` key the backend does not read loads, as in Triton (a config may carry keys
+for other tools); `ignored_parameters` names them for the load's warning. `share_session_between_instances` is
+read as a flag: gt_serve's CPU lanes of a device share one session whatever it says (DESIGN-NOTES departure 3),
+and a GPU lane keeps its own, bound to its stream.
 """
 from __future__ import annotations
 
@@ -34,7 +38,12 @@ TRT_PASSTHROUGH = ("trt_max_partition_iterations", "trt_min_subgraph_size", "trt
                    "trt_force_timing_cache", "trt_detailed_build_log", "trt_build_heuristics_enable",
                    "trt_sparsity_enable", "trt_builder_optimization_level", "trt_auxiliary_streams",
                    "trt_tactic_sources", "trt_extra_plugin_lib_paths", "trt_profile_min_shapes",
-                   "trt_profile_max_shapes", "trt_profile_opt_shapes", "trt_cuda_graph_enable")
+                   "trt_profile_max_shapes", "trt_profile_opt_shapes", "trt_cuda_graph_enable",
+                   "trt_dump_ep_context_model", "trt_ep_context_file_path", "trt_ep_context_embed_mode")
+SHARE_SESSION = "share_session_between_instances"
+KNOWN_PARAMETERS = frozenset({"intra_op_thread_count", "inter_op_thread_count", "execution_mode", "enable_mem_arena",
+                              "enable_cpu_mem_arena", "enable_mem_pattern", "memory.enable_memory_arena_shrinkage",
+                              SHARE_SESSION, *SESSION_ENTRIES, *CUDA_KEYS})
 
 Options = tuple[tuple[str, str], ...]
 
@@ -118,10 +127,13 @@ def _parameter(values: dict, key: str, text: str, name: str) -> None:
     elif key in CUDA_KEYS:
         _int(text, where, minimum=0)
         values["cuda_options"] = values.get("cuda_options", ()) + ((key, text),)
-    else:
-        raise ConfigError(f"{where} is not supported: the onnxruntime backend knows intra_op_thread_count, "
-                          "inter_op_thread_count, execution_mode, enable_mem_arena, enable_mem_pattern, "
-                          "memory.enable_memory_arena_shrinkage, " + ", ".join((*SESSION_ENTRIES, *CUDA_KEYS)))
+    elif key == SHARE_SESSION:
+        _flag(text, where)  # what it asks is what CPU lanes do anyway (module docstring)
+
+
+def ignored_parameters(cfg: mc.ModelConfig) -> list[str]:
+    """The config's `parameters` keys that the onnxruntime backend does not read (Triton loads them, unread)."""
+    return sorted(key for key in cfg.parameters if key not in KNOWN_PARAMETERS)
 
 
 def _int(text: str, where: str, minimum: int, maximum: int | None = None) -> int:
@@ -160,8 +172,8 @@ def _tensorrt_options(params: dict[str, str], where: str) -> dict[str, str]:
     for key, value in params.items():
         if key == "precision_mode":
             mode = value.upper()
-            if mode not in ("FP32", "FP16", "INT8"):
-                raise ConfigError(f"{where}: precision_mode must be FP32, FP16 or INT8, got {value!r}")
+            if mode not in ("FP32", "FP16", "BF16", "INT8"):
+                raise ConfigError(f"{where}: precision_mode must be FP32, FP16, BF16 or INT8, got {value!r}")
             if mode != "FP32":
                 out[f"trt_{mode.lower()}_enable"] = "True"
         elif key in TRT_KEYS:

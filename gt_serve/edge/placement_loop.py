@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from ..config import PlacementConfig
 from ..core.model_config import model_config_json
+from ..core.model_dir import model_files, model_footprint_bytes
 from ..core.placement import (Decision, ModelDemand, NodeLoad, PastDecision, PlacementSettings, PlacementView,
                               decide)
 from ..errors import GtServeError
@@ -67,6 +68,7 @@ class PlacementLoop:
     _seen: dict[str, _Seen] = field(default_factory=dict)
     _pinned: frozenset[str] = frozenset()
     _last_logged: dict[tuple[str, str], str] = field(default_factory=dict)
+    _file_bytes: dict[Any, tuple[tuple[int, int], int]] = field(default_factory=dict)  # path -> (stat, footprint)
 
     def __post_init__(self) -> None:
         self._pinned = frozenset(m.name for m in self.registry.loaded())  # configured at start-up: never unloaded
@@ -128,10 +130,16 @@ class PlacementLoop:
         return tuple(out)
 
     def _mem_bytes(self, model: Any) -> float:
+        """The model's files (with its external data), times the memory factor; parsed once per model file."""
         try:
-            return model.path.stat().st_size * self.cfg.memory_factor
-        except OSError:
+            stat = model.path.stat()
+            known = self._file_bytes.get(model.path)
+            if known is None or known[0] != (stat.st_mtime_ns, stat.st_size):  # new, or rewritten and reloaded
+                known = self._file_bytes[model.path] = ((stat.st_mtime_ns, stat.st_size),
+                                                        model_footprint_bytes(model.path, model.name))
+        except Exception:  # gone, or not a graph onnx reads (its DecodeError is no OSError): nothing to count
             return 0.0
+        return known[1] * self.cfg.memory_factor
 
     def _self_load(self, demand: tuple[ModelDemand, ...]) -> NodeLoad:
         placed = sum(d.mem_bytes for d in demand if not d.pinned)
@@ -195,10 +203,13 @@ class PlacementLoop:
         if not endpoint:
             return "failed: no endpoint"
         model = self.registry.get(d.model)
-        data = await asyncio.to_thread(model.path.read_bytes)
-        digest = hashlib.sha256(data).hexdigest()
-        files = {f"file:{model.version}/{model.path.name}": data}
-        config = dict(model_config_json(model.config), name=d.model)
+        try:
+            files = await asyncio.to_thread(_upload_files, model)
+        except (OSError, GtServeError) as exc:
+            return f"failed: the model's files cannot be read: {exc}"
+        digest = hashlib.sha256(files[f"file:{model.version}/{model.path.name}"]).hexdigest()
+        # the model file by its own name (it may have been FILENAME/model.onnx here), beside its external data
+        config = dict(model_config_json(model.config), name=d.model, default_model_filename=model.path.name)
         try:
             source = await self.peer_client.load_replica(d.node, endpoint, d.model, json.dumps(config), files,
                                                          verified=peer.verified)
@@ -221,3 +232,9 @@ class PlacementLoop:
             return f"failed: {exc}"
         self._seen.pop(d.model, None)
         return "unloaded"
+
+
+def _upload_files(model: Any) -> dict[str, bytes]:
+    """A load request's files for a copy of `model` (its model file and external data files), read."""
+    return {f"file:{model.version}/{relative}": path.read_bytes()
+            for relative, path in model_files(model.path, model.name).items()}

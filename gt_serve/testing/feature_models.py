@@ -1,5 +1,6 @@
 """Models of particular config features, built with the onnx helper API for the tests: ragged batching (Triton's
-example, with batch inputs and a batch output) and a custom operator (onnxruntime-extensions' StringLower)."""
+example, with batch inputs and a batch output), a custom operator (onnxruntime-extensions' StringLower), and a
+model's weights moved to an external data file (as large models are saved)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -57,3 +58,17 @@ def string_lower(path: Path) -> None:
     out = helper.make_tensor_value_info("OUTPUT", TensorProto.STRING, ["batch", "n"])
     node = helper.make_node("StringLower", ["INPUT"], ["OUTPUT"], domain="ai.onnx.contrib")
     save_model(helper.make_graph([node], "lower", [inp], [out]), path, domains=("ai.onnx.contrib",))
+
+
+def move_weights_out(path: Path, location: str = "weights.bin") -> None:
+    """Rewrite the model at `path` with every initializer in the external data file `location` beside it (onnx's
+    save_as_external_data, as models over protobuf's 2 GB limit are saved): a session reads both files."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    for tensor in model.graph.initializer:  # onnx moves only tensors held as raw bytes
+        tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
+    (path.parent / location).parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=location,
+                    size_threshold=0)

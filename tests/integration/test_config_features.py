@@ -20,6 +20,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from gt_serve.testing import model_builders as mb
+from gt_serve.core.model_dir import model_files
+from gt_serve.testing.feature_models import move_weights_out
 from tests.conftest import start_server
 
 CACHE_BYTES = 1 << 20
@@ -46,6 +48,8 @@ optimization { graph: { level: 1 } }
 parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
 parameters { key: "inter_op_thread_count" value: { string_value: "1" } }
 parameters { key: "enable_mem_pattern" value: { string_value: "0" } }
+parameters { key: "share_session_between_instances" value: { string_value: "true" } }
+parameters { key: "owner.team" value: { string_value: "vision" } }
 '''
 CACHED = 'max_batch_size: 8\nresponse_cache { enable: true }\n'
 TAGGED = 'max_batch_size: 8\nmetric_tags { key: "team" value: "vision" }\nmetric_tags { key: "tier" value: "gold" }\n'
@@ -65,7 +69,7 @@ REFUSED = {
     "decoupled": ("model_transaction_policy { decoupled: true }\n", "model_transaction_policy.decoupled"),
     "openvino": ('optimization { execution_accelerators { cpu_execution_accelerator: [ { name: "openvino" } ] } }\n',
                  "openvino"),
-    "badparam": ('parameters { key: "no_such_knob" value: { string_value: "1" } }\n', "no_such_knob"),
+    "badparam": ('parameters { key: "execution_mode" value: { string_value: "2" } }\n', "execution_mode"),
     "passive": ('instance_group [ { kind: KIND_CPU passive: true } ]\n', "instance_group.passive"),
     "pytorch": ('backend: "pytorch"\n', "backend"),
 }
@@ -92,6 +96,9 @@ def _repo(root: Path) -> Path:
     for name, (text, _) in REFUSED.items():
         mb.scale(root / name / "1" / "model.onnx", factor=2.0, width=4)
         (root / name / "config.pbtxt").write_text(text)
+    mb.scale(root / "packed" / "1" / "model.onnx" / "model.onnx", factor=2.0, width=4)  # a directory, as Triton's
+    move_weights_out(root / "packed" / "1" / "model.onnx" / "model.onnx")  # onnxruntime backend takes one
+    (root / "packed" / "config.pbtxt").write_text('max_batch_size: 8\n')
     mb.scale(root / "sealed" / "1" / "model.onnx", factor=2.0, width=4)
     digest = hashlib.md5((root / "sealed" / "1" / "model.onnx").read_bytes()).hexdigest()
     (root / "sealed" / "config.pbtxt").write_text(SEALED % digest)
@@ -105,7 +112,7 @@ def server(tmp_path_factory):
                        "--load-model", "warm", "--load-model", "reshaped", "--load-model", "tuned",
                        "--load-model", "cached", "--load-model", "argmax", "--load-model", "cached_ensemble",
                        "--load-model", "counted", "--load-model", "mlp", "--load-model", "levels",
-                       "--load-model", "sealed", "--load-model", "tagged",
+                       "--load-model", "sealed", "--load-model", "tagged", "--load-model", "packed",
                        "--cache-config", f"local,size={CACHE_BYTES}")
     yield srv
     srv.stop()
@@ -170,6 +177,39 @@ def test_onnxruntime_parameters_reach_the_session(server):
     assert lines, server.log()[-2000:]
     assert all("intra_op_threads=1" in line and "inter_op_threads=1" in line for line in lines)
     assert all("ORT_ENABLE_EXTENDED" in line and "enable_mem_pattern=False" in line for line in lines)
+    # a key the onnxruntime backend does not read loads, as in Triton, and the log says it is ignored
+    assert config["parameters"]["owner.team"]["string_value"] == "vision"
+    assert "model tuned: parameters key 'owner.team' is ignored" in server.log()
+    assert "share_session_between_instances' is ignored" not in server.log()  # read: CPU lanes share anyway
+
+
+def test_a_model_kept_in_a_directory_with_external_data_loads_and_uploads(server):
+    """Triton's onnxruntime backend: where VERSION/model.onnx is a directory, the model is VERSION/model.onnx/
+    model.onnx, beside its external data files; loaded from the repository and uploaded with a load request, in
+    that form and in the one the placement loop sends a peer."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    data = np.arange(8, dtype=np.float32).reshape(2, 4)
+
+    def doubled(model: str) -> np.ndarray:
+        inp = grpcclient.InferInput("INPUT", [2, 4], "FP32")
+        inp.set_data_from_numpy(data)
+        return client.infer(model, [inp]).as_numpy("OUTPUT")
+
+    np.testing.assert_array_equal(doubled("packed"), data * 2)
+    folder = server.repo / "packed" / "1" / "model.onnx"
+    files = {f"file:1/model.onnx/{f.name}": f.read_bytes() for f in folder.iterdir()}
+    assert sorted(files) == ["file:1/model.onnx/model.onnx", "file:1/model.onnx/weights.bin"]
+    client.load_model("packed_upload", config=json.dumps({"max_batch_size": 8}), files=files)
+    np.testing.assert_array_equal(doubled("packed_upload"), data * 2)
+    # what the placement loop sends a peer (edge/placement_loop._upload_files): the files model_files names
+    copy = {f"file:1/{name}": path.read_bytes() for name, path in model_files(folder / "model.onnx", "packed").items()}
+    assert sorted(copy) == ["file:1/model.onnx", "file:1/weights.bin"]
+    client.load_model("packed_copy", config=json.dumps({"max_batch_size": 8}), files=copy)
+    np.testing.assert_array_equal(doubled("packed_copy"), data * 2)
+    without = {k: v for k, v in files.items() if k.endswith("model.onnx")}  # the weights left behind
+    with pytest.raises(InferenceServerException, match="weights.bin"):
+        client.load_model("packed_broken", config=json.dumps({"max_batch_size": 8}), files=without)
+    assert client.is_model_ready("packed_upload") and not client.is_model_ready("packed_broken")
 
 
 def test_tiny_models_are_told_at_load_and_get_one_intra_op_thread_unless_their_config_counts_them(server):

@@ -113,7 +113,6 @@ def test_refused_top_level_fields_fail_the_load_naming_them(path):
     ('platform: "tensorflow_savedmodel"', "platform"),
     ('backend: "python"', "backend"),
     ("model_transaction_policy { decoupled: true }", "decoupled"),
-    ('parameters { key: "nope" value: { string_value: "1" } }', "nope"),
     ('parameters { key: "intra_op_thread_count" value: { string_value: "many" } }', "intra_op_thread_count"),
     ("optimization { graph { level: 7 } }", "optimization.graph.level"),
     ('optimization { execution_accelerators { cpu_execution_accelerator [ { name: "mkl" } ] } }', "mkl"),
@@ -178,6 +177,32 @@ def test_onnxruntime_parameters_are_read_like_tritons_backend():
     assert trt.provider == "TensorrtExecutionProvider"
     assert dict(trt.options) == {"trt_fp16_enable": "True", "trt_max_workspace_size": "1073741824"}
     assert session_settings(_complete("max_batch_size: 8")) is None  # nothing asked: the lane plan's defaults
+
+
+def test_a_parameters_key_the_backend_does_not_read_loads_with_a_warning(caplog):
+    """Triton's onnxruntime backend reads the keys it knows and leaves the rest (a config may carry keys for other
+    tools): such a config loads, and the log names each key it ignores. A known key's bad value is still refused."""
+    with caplog.at_level("WARNING"):
+        cfg = _complete('max_batch_size: 8\nparameters { key: "owner.team" value: { string_value: "vision" } }\n'
+                        'parameters { key: "share_session_between_instances" value: { string_value: "true" } }\n'
+                        'parameters { key: "intra_op_thread_count" value: { string_value: "2" } }\n')
+    assert "parameters key 'owner.team' is ignored" in caplog.text
+    assert "share_session_between_instances" not in caplog.text  # read (CPU lanes share one session anyway)
+    assert session_settings(cfg).intra_op_threads == 2
+    for bad, named in (("share_session_between_instances", "maybe"), ("execution_mode", "2")):
+        with pytest.raises(ConfigError, match=f"parameters key '{bad}'"):
+            spec_from_config(_complete(f'max_batch_size: 8\nparameters {{ key: "{bad}" value: {{ string_value: '
+                                       f'"{named}" }} }}\n'), Path("/nonexistent"))
+
+
+def test_tensorrt_options_of_the_backends_newer_releases_are_read():
+    cfg = _complete('max_batch_size: 8\noptimization { execution_accelerators { gpu_execution_accelerator [ {\n'
+                    '  name: "tensorrt" parameters { key: "precision_mode" value: "BF16" }\n'
+                    '  parameters { key: "trt_dump_ep_context_model" value: "1" }\n'
+                    '  parameters { key: "trt_ep_context_embed_mode" value: "1" } } ] } }\n')
+    (trt,) = session_settings(cfg).gpu_accelerators
+    assert dict(trt.options) == {"trt_bf16_enable": "True", "trt_dump_ep_context_model": "1",
+                                 "trt_ep_context_embed_mode": "1"}
 
 
 def test_runner_applies_settings_and_refuses_a_missing_provider(tmp_path):

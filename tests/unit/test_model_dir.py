@@ -1,5 +1,6 @@
 """core/model_dir.py: Triton's checksum repository agent (MD5 of the model's files, checked before the load, with
-Triton's messages), other agents refused, and the version policy's choice."""
+Triton's messages), other agents refused, each version's model file (a file, or a directory holding model.onnx)
+and the version policy's choice."""
 from __future__ import annotations
 
 import hashlib
@@ -10,7 +11,9 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from gt_serve.core.model_config import parse_pbtxt
-from gt_serve.core.model_dir import run_repository_agents, versions_to_load
+from gt_serve.core.model_dir import (model_files, model_footprint_bytes, run_repository_agents, version_model_files,
+                                     versions_to_load)
+from gt_serve.testing.feature_models import move_weights_out
 from gt_serve.errors import ConfigError, InvalidArgument, PathNotAllowed, Unsupported
 from gt_serve.testing import model_builders as mb
 
@@ -78,3 +81,45 @@ def test_the_version_policy_picks_the_versions():
     assert versions_to_load(parse_pbtxt("version_policy { specific { versions: [1, 3] } }", "t"), available) == [3, 1]
     with pytest.raises(InvalidArgument, match=r"versions \[4\] named by the version policy are missing"):
         versions_to_load(parse_pbtxt("version_policy { specific { versions: [4] } }", "t"), available)
+
+
+def test_each_versions_model_file_is_a_file_or_a_directory_holding_model_onnx(model_dir):
+    """Triton's onnxruntime backend: where VERSION/FILENAME is a directory, the model is FILENAME/model.onnx in it
+    (beside its external data files). A version directory without a model file, or a name that is not a number,
+    is no version."""
+    mb.scale(model_dir / "2" / "model.onnx" / "model.onnx")
+    (model_dir / "3" / "model.onnx").mkdir(parents=True)  # a directory without model.onnx
+    (model_dir / "4").mkdir()
+    mb.scale(model_dir / "v5" / "model.onnx")
+    mb.scale(model_dir / "6" / "net.onnx")
+    assert version_model_files(model_dir, "model.onnx") == {1: "1/model.onnx", 2: "2/model.onnx/model.onnx"}
+    assert version_model_files(model_dir, "net.onnx") == {6: "6/net.onnx"}
+    mb.scale(model_dir / "7" / "bundle" / "model.onnx")
+    assert version_model_files(model_dir, "bundle") == {7: "7/bundle/model.onnx"}
+
+
+def test_a_models_files_are_its_model_file_and_the_external_data_its_graph_names(tmp_path):
+    """What a copy of a model needs (the placement loop sends them to a peer), and what it weighs."""
+    plain, packed = tmp_path / "plain" / "model.onnx", tmp_path / "packed" / "model.onnx"
+    mb.scale(plain)
+    mb.scale(packed)
+    move_weights_out(packed, "data/weights.bin")
+    (packed.parent / "unrelated.txt").write_text("not the model's")
+    assert model_files(plain, "m") == {"model.onnx": plain}
+    assert model_files(packed, "m") == {"model.onnx": packed, "data/weights.bin": packed.parent / "data" / "weights.bin"}
+    assert model_footprint_bytes(packed, "m") == packed.stat().st_size + 4  # one float of weights
+    assert model_footprint_bytes(plain, "m") == plain.stat().st_size
+
+
+def test_external_data_outside_the_models_directory_is_refused(tmp_path):
+    import onnx
+
+    path = tmp_path / "m" / "model.onnx"
+    mb.scale(path)
+    move_weights_out(path)
+    model = onnx.load(str(path), load_external_data=False)
+    (entry,) = [e for e in model.graph.initializer[0].external_data if e.key == "location"]
+    entry.value = "../../elsewhere.bin"
+    onnx.save(model, str(path))
+    with pytest.raises(PathNotAllowed, match="external data file"):
+        model_files(path, "m")
