@@ -132,10 +132,10 @@ def triton(venv: Path, repo: Path, workdir: Path, timeout_s: float = 120.0) -> I
 
 
 def _item_bytes(datatype: str) -> int | None:
-    """A V2 datatype's bytes per element (gt_serve/datatypes.py's table; BF16 2), None for BYTES (no fixed size)."""
+    """A V2 datatype's bytes per element (gt_serve/datatypes.py's table), None for BYTES (no fixed size)."""
     if datatype == "BYTES":
         return None
-    return 2 if datatype == "BF16" else numpy_dtype(datatype).itemsize
+    return numpy_dtype(datatype).itemsize
 
 
 def check_outputs(served: Served, remedy: str = "") -> None:

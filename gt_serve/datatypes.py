@@ -1,12 +1,14 @@
 """V2 datatypes <-> numpy, and the raw (binary) tensor encoding: the foundation every layer shares.
 
 Raw encoding: little-endian, row-major, no padding; BOOL is one byte; BYTES is, per element,
-a uint32 little-endian length followed by the bytes.
+a uint32 little-endian length followed by the bytes. BF16 is ml_dtypes' bfloat16 (the type tritonclient gives and
+takes for BF16): two bytes, the upper half of an FP32.
 """
 from __future__ import annotations
 
 import struct
 
+import ml_dtypes
 import numpy as np
 
 from .errors import InvalidArgument, InvalidInput
@@ -24,6 +26,7 @@ _DTYPES: dict[str, np.dtype] = {
     "FP16": np.dtype("<f2"),
     "FP32": np.dtype("<f4"),
     "FP64": np.dtype("<f8"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
     "BYTES": np.dtype(object),
 }
 
@@ -31,7 +34,7 @@ _U32 = struct.Struct("<I")
 
 _BY_NUMPY: dict[np.dtype, str] = {v: k for k, v in _DTYPES.items() if k != "BYTES"}
 
-DATATYPES = frozenset(_DTYPES) | {"BF16"}
+DATATYPES = frozenset(_DTYPES)
 
 
 def numpy_dtype(datatype: str) -> np.dtype:
@@ -39,8 +42,6 @@ def numpy_dtype(datatype: str) -> np.dtype:
     try:
         return _DTYPES[datatype]
     except KeyError:
-        if datatype == "BF16":
-            raise InvalidArgument("datatype 'BF16' is not supported by this server") from None
         raise InvalidArgument(f"invalid datatype '{datatype}'") from None
 
 
@@ -140,8 +141,13 @@ def raw_from_array(array: np.ndarray, datatype: str) -> bytes | memoryview:
         array = array.astype(dtype)
     if array.size == 0:
         return b""
-    array = np.ascontiguousarray(array)
-    return memoryview(array).cast("B")
+    return raw_view(np.ascontiguousarray(array))
+
+
+def raw_view(array: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous array, not copied (a bfloat16 array has no buffer format of its own: its bytes
+    are viewed as uint8)."""
+    return memoryview(array.view(np.uint8) if array.dtype.kind == "V" else array).cast("B")
 
 
 def array_from_list(name: str, datatype: str, shape: tuple[int, ...], data) -> np.ndarray:
@@ -201,7 +207,7 @@ def list_from_array(array: np.ndarray, datatype: str) -> list:
             else:
                 out.append(str(item))
         return out
-    if datatype == "FP16":
+    if datatype == "FP16" or datatype == "BF16":
         array = array.astype(np.float32)
     return array.reshape(-1).tolist()
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import DeviceOutOfMemory, InvalidArgument
+from .ort_tensors import as_str_array, bfloat16_run, uses_bfloat16
 from .thread_state import keep_thread_state
 
 log = logging.getLogger(__name__)
@@ -87,14 +88,14 @@ class OnnxRunner:
         self.outputs = [GraphTensor(o.name, ORT_TO_V2.get(o.type, o.type), _dims(o.shape)) for o in self.session.get_outputs()]
         self.output_names = [o.name for o in self.outputs]
         self._string_inputs = [i.name for i in self.inputs if i.datatype == "BYTES"]
-        self._run = self.session.run
+        self._run = bfloat16_run(ort, self.session) if uses_bfloat16(self.session) else self.session.run
         self.device_id = device_id
         self._binding = threading.local()
         ins, outs = self.session.get_inputs(), self.session.get_outputs()
         # onnxruntime's RunAsync takes a thread of the session's intra-op pool, so the pool needs one besides the caller
         threads = self.effective["intra_op_threads"] or (os.cpu_count() or 1)
         self.runs_async = (self.provider == "CPUExecutionProvider" and threads >= 2
-                           and hasattr(self.session, "run_async"))
+                           and hasattr(self.session, "run_async") and self._run == self.session.run)
         # a config's reshapes are views of the bound buffers (_bind_and_run applies them)
         self.bindable = all(t.type in ORT_TO_NUMPY for t in (*ins, *outs))
         # dim 0 that is symbolic in every input is the batch; an output whose dim 0 carries the same
@@ -145,7 +146,7 @@ class OnnxRunner:
             feeds = dict(feeds)
             for name in self._string_inputs:
                 if name in feeds:
-                    feeds[name] = _as_str_array(feeds[name])
+                    feeds[name] = as_str_array(feeds[name])
         if self._in_reshape:
             feeds = {n: self._reshaped(a, self._in_reshape[n]) if n in self._in_reshape else a for n, a in feeds.items()}
         return feeds
@@ -376,18 +377,6 @@ def buffer_pointer(array) -> int:
 def _c_contiguous(array) -> bool:
     flags = getattr(array, "flags", None)
     return bool(flags is not None and flags.c_contiguous)
-
-
-def _as_str_array(array: np.ndarray) -> np.ndarray:
-    """onnxruntime's Python binding takes str (it would str() a bytes object): decode UTF-8
-    (the data plane has refused anything else)."""
-    flat = array.reshape(-1)
-    out = np.empty(flat.shape[0], dtype=object)
-    for i, item in enumerate(flat):
-        if isinstance(item, (bytes, bytearray)):
-            item = bytes(item).decode("utf-8")
-        out[i] = item
-    return out.reshape(array.shape)
 
 
 def describe_model(model_path: str, op_libraries: tuple[str, ...] = ()) -> tuple[list[GraphTensor], list[GraphTensor]]:

@@ -141,7 +141,7 @@ def _array(i: WarmupInput, rng: np.random.Generator) -> np.ndarray:
     dtype = numpy_dtype(i.datatype)
     if i.source == "zero":
         return np.zeros(i.shape, dtype=dtype)
-    if dtype.kind == "f":
+    if dtype.kind in "fV":  # V: BF16 (ml_dtypes' bfloat16, a float with no numpy kind of its own)
         return rng.random(i.shape).astype(dtype)
     if dtype.kind == "b":
         return rng.integers(0, 2, i.shape).astype(dtype)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 __all__ = ["BINARY_DATA_SIZE", "DATATYPES", "SHM_REGION", "array_from_json_span", "array_from_list", "array_from_raw",
            "bytes_array_from_raw", "check_shape", "count_bytes_elements", "cut_data_arrays", "element_count",
-           "list_from_array", "numpy_dtype", "raw_from_array", "serialize_bytes", "v2_datatype"]
+           "list_from_array", "numpy_dtype", "raw_from_array", "raw_view", "serialize_bytes", "v2_datatype"]
 
 import re
 import secrets
@@ -35,6 +35,7 @@ from ..datatypes import (  # noqa: E402  (re-exported)
     list_from_array,
     numpy_dtype,
     raw_from_array,
+    raw_view,
     serialize_bytes,
     v2_datatype,
 )

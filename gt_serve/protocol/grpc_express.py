@@ -24,7 +24,7 @@ import grpc
 
 from ..errors import GtServeError
 from ..types import InferRequest, InferResponse
-from .codec import numpy_dtype, raw_from_array
+from .codec import numpy_dtype, raw_from_array, raw_view
 from .express_plans import Plan, now_ns, plannable, settle
 from .grpc_messages import Abort
 from .grpc_stream import stream_answer, stream_error
@@ -207,7 +207,7 @@ class GrpcExpress:
         pieces = [with_id(before, after, request_id)]
         for a, datatype, (dtype, head) in zip(outputs, plan.datatypes, heads):
             if head is not None and a.dtype == dtype and a.flags.c_contiguous:  # as raw_from_array sends it
-                pieces += (head, memoryview(a).cast("B"))
+                pieces += (head, raw_view(a))
             else:
                 raw = raw_from_array(a, datatype)
                 pieces += (_RAW_OUTPUT_CONTENTS_TAG, varint(len(raw)), raw)

@@ -1,6 +1,6 @@
 """Models of particular config features, built with the onnx helper API for the tests: ragged batching (Triton's
-example, with batch inputs and a batch output), a custom operator (onnxruntime-extensions' StringLower), and a
-model's weights moved to an external data file (as large models are saved)."""
+example, with batch inputs and a batch output), a custom operator (onnxruntime-extensions' StringLower), bfloat16
+tensors, and a model's weights moved to an external data file (as large models are saved)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -72,3 +72,21 @@ def move_weights_out(path: Path, location: str = "weights.bin") -> None:
     (path.parent / location).parent.mkdir(parents=True, exist_ok=True)
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=location,
                     size_threshold=0)
+
+
+def bf16_scale(path: Path, width: int = 4) -> None:
+    """BF16 INPUT and FP32 OFFSET [B, width] -> OUTPUT (BF16) and WIDE (FP32), both 2 * INPUT + OFFSET (computed
+    in FP32; OUTPUT rounded to bfloat16): a model of bfloat16 tensors beside FP32 ones."""
+    from onnx import TensorProto, helper
+
+    bf16, f32 = TensorProto.BFLOAT16, TensorProto.FLOAT
+    nodes = [helper.make_node("Cast", ["INPUT"], ["wide_in"], to=f32),
+             helper.make_node("Mul", ["wide_in", "two"], ["doubled"]),
+             helper.make_node("Add", ["doubled", "OFFSET"], ["WIDE"]),
+             helper.make_node("Cast", ["WIDE"], ["OUTPUT"], to=bf16)]
+    inputs = [helper.make_tensor_value_info("INPUT", bf16, ["batch", width]),
+              helper.make_tensor_value_info("OFFSET", f32, ["batch", width])]
+    outputs = [helper.make_tensor_value_info("OUTPUT", bf16, ["batch", width]),
+               helper.make_tensor_value_info("WIDE", f32, ["batch", width])]
+    two = helper.make_tensor("two", f32, [], [2.0])
+    save_model(helper.make_graph(nodes, "bf16_scale", inputs, outputs, [two]), path)

@@ -120,8 +120,6 @@ def _random_array(tensor: TensorMeta, rng: np.random.Generator) -> np.ndarray:
     if tensor.datatype == "BYTES":
         values = rng.integers(0, 1_000_000, size=tensor.shape)
         return np.vectorize(lambda v: str(v).encode(), otypes=[object])(values)
-    if tensor.datatype == "BF16":
-        raise ValueError(f"input {tensor.name!r}: BF16 has no numpy dtype in tritonclient")
     dtype = triton_to_np_dtype(tensor.datatype)
     if dtype is None:
         raise ValueError(f"input {tensor.name!r}: unsupported datatype {tensor.datatype}")
