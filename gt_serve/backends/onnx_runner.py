@@ -38,11 +38,13 @@ ORT_TO_NUMPY = {
 
 @dataclass(frozen=True, slots=True)
 class GraphTensor:
-    """A graph input/output as onnxruntime reports it: dims include the batch dim; -1 = symbolic."""
+    """A graph input/output as onnxruntime reports it: dims include the batch dim; -1 = symbolic. `overridable`: an
+    initializer the graph also lists as an input (a request may feed it, else its stored value is used)."""
 
     name: str
     datatype: str
     dims: tuple[int, ...]
+    overridable: bool = False
 
 
 def _dims(shape) -> tuple[int, ...]:
@@ -87,7 +89,9 @@ class OnnxRunner:
         self.inputs = [GraphTensor(i.name, ORT_TO_V2.get(i.type, i.type), _dims(i.shape)) for i in self.session.get_inputs()]
         self.outputs = [GraphTensor(o.name, ORT_TO_V2.get(o.type, o.type), _dims(o.shape)) for o in self.session.get_outputs()]
         self.output_names = [o.name for o in self.outputs]
-        self._string_inputs = [i.name for i in self.inputs if i.datatype == "BYTES"]
+        self.initializers = [GraphTensor(i.name, ORT_TO_V2.get(i.type, i.type), _dims(i.shape), True)
+                             for i in self.session.get_overridable_initializers()]
+        self._string_inputs = [i.name for i in (*self.inputs, *self.initializers) if i.datatype == "BYTES"]
         self._run = bfloat16_run(ort, self.session) if uses_bfloat16(self.session) else self.session.run
         self.device_id = device_id
         self._binding = threading.local()
@@ -380,10 +384,10 @@ def _c_contiguous(array) -> bool:
 
 
 def describe_model(model_path: str, op_libraries: tuple[str, ...] = ()) -> tuple[list[GraphTensor], list[GraphTensor]]:
-    """Inputs and outputs of an ONNX file, read with a throwaway CPU session (with the custom-operator libraries
-    its config names: a graph of their operators cannot be read without them)."""
+    """Inputs (the overridable initializers last) and outputs of an ONNX file, read with a throwaway CPU session (with
+    the custom-operator libraries its config names: a graph of their operators cannot be read without them)."""
     runner = OnnxRunner(model_path, intra_op_threads=1, settings=SimpleNamespace(op_libraries=op_libraries))
     try:
-        return runner.inputs, runner.outputs
+        return runner.inputs + runner.initializers, runner.outputs
     finally:
         runner.close()

@@ -75,6 +75,8 @@ def complete_config(cfg: mc.ModelConfig, name: str, graph_inputs: list, graph_ou
         cfg.backend = "onnxruntime"
     if not cfg.default_model_filename:
         cfg.default_model_filename = "model.onnx"
+    listed = {t.name for t in cfg.input}  # an overridable initializer is an input only where the config lists it
+    graph_inputs = [g for g in graph_inputs if not getattr(g, "overridable", False) or g.name in listed]
     all_graph = list(graph_inputs) + list(graph_outputs)
     can_batch = bool(all_graph) and all(_variable_first_dim(t) for t in all_graph)
     if not batching_explicit and cfg.max_batch_size == 0 and can_batch:

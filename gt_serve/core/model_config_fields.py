@@ -50,7 +50,9 @@ FIELDS: dict[str, tuple[str, str]] = {
     "input.reshape": (HONOURED, "the model's tensor shape; requests are reshaped before the run"),
     "input.is_shape_tensor": (REFUSED, "shape tensors are a TensorRT feature"),
     "input.allow_ragged_batch": (HONOURED, _RAGGED),
-    "input.optional": (HONOURED, "the input may be left out of a request"),
+    "input.optional": (HONOURED, "the input may be left out of a request; an initializer the ONNX graph also lists as "
+                                 "an input is an input only where the config lists it (left out, its stored value is "
+                                 "used), as in Triton"),
     "input.is_non_linear_format_io": (REFUSED, "non-linear I/O formats are a TensorRT feature"),
     "output": (PARTIAL, ""),
     "output.name": (HONOURED, ""),

@@ -1,6 +1,7 @@
 """Models of particular config features, built with the onnx helper API for the tests: ragged batching (Triton's
 example, with batch inputs and a batch output), a custom operator (onnxruntime-extensions' StringLower), bfloat16
-tensors, and a model's weights moved to an external data file (as large models are saved)."""
+tensors, an initializer a request may override (Triton's test model), and a model's weights moved to an external
+data file (as large models are saved)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -90,3 +91,16 @@ def bf16_scale(path: Path, width: int = 4) -> None:
                helper.make_tensor_value_info("WIDE", f32, ["batch", width])]
     two = helper.make_tensor("two", f32, [], [2.0])
     save_model(helper.make_graph(nodes, "bf16_scale", inputs, outputs, [two]), path)
+
+
+def add_with_initializer(path: Path) -> None:
+    """Triton's onnxruntime backend test model (test/initializer_as_input): FP32 INPUT [5, 5] + INITIALIZER -> OUTPUT,
+    INITIALIZER an initializer of ones that the graph also lists as an input (onnxruntime: an overridable
+    initializer; a request may feed it)."""
+    from onnx import TensorProto, helper
+
+    f32 = TensorProto.FLOAT
+    ones = helper.make_tensor("INITIALIZER", f32, [5, 5], [1.0] * 25)
+    io = [helper.make_tensor_value_info(n, f32, [5, 5]) for n in ("INPUT", "INITIALIZER", "OUTPUT")]
+    node = helper.make_node("Add", ["INPUT", "INITIALIZER"], ["OUTPUT"])
+    save_model(helper.make_graph([node], "init_input", io[:2], io[2:], [ones]), path)

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from gt_serve.testing import model_builders as mb
 from gt_serve.core.model_dir import model_files
-from gt_serve.testing.feature_models import move_weights_out
+from gt_serve.testing.feature_models import add_with_initializer, move_weights_out
 from tests.conftest import start_server
 
 CACHE_BYTES = 1 << 20
@@ -75,6 +75,11 @@ REFUSED = {
 }
 
 
+INITIALIZED = '''max_batch_size: 0
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 5, 5 ] },
+  { name: "INITIALIZER" data_type: TYPE_FP32 dims: [ 5, 5 ] optional: true } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 5, 5 ] } ]
+'''  # Triton's onnxruntime backend test (test/initializer_as_input): an initializer the graph lists as an input
 SEALED = ('max_batch_size: 8\nmodel_repository_agents { agents [ { name: "checksum"\n'
           '  parameters { key: "MD5:1/model.onnx" value: "%s" } } ] }\n')
 
@@ -99,6 +104,8 @@ def _repo(root: Path) -> Path:
     mb.scale(root / "packed" / "1" / "model.onnx" / "model.onnx", factor=2.0, width=4)  # a directory, as Triton's
     move_weights_out(root / "packed" / "1" / "model.onnx" / "model.onnx")  # onnxruntime backend takes one
     (root / "packed" / "config.pbtxt").write_text('max_batch_size: 8\n')
+    add_with_initializer(root / "initialized" / "1" / "model.onnx")
+    (root / "initialized" / "config.pbtxt").write_text(INITIALIZED)
     mb.scale(root / "sealed" / "1" / "model.onnx", factor=2.0, width=4)
     digest = hashlib.md5((root / "sealed" / "1" / "model.onnx").read_bytes()).hexdigest()
     (root / "sealed" / "config.pbtxt").write_text(SEALED % digest)
@@ -113,6 +120,7 @@ def server(tmp_path_factory):
                        "--load-model", "cached", "--load-model", "argmax", "--load-model", "cached_ensemble",
                        "--load-model", "counted", "--load-model", "mlp", "--load-model", "levels",
                        "--load-model", "sealed", "--load-model", "tagged", "--load-model", "packed",
+                       "--load-model", "initialized",
                        "--cache-config", f"local,size={CACHE_BYTES}")
     yield srv
     srv.stop()
@@ -181,6 +189,18 @@ def test_onnxruntime_parameters_reach_the_session(server):
     assert config["parameters"]["owner.team"]["string_value"] == "vision"
     assert "model tuned: parameters key 'owner.team' is ignored" in server.log()
     assert "share_session_between_instances' is ignored" not in server.log()  # read: CPU lanes share anyway
+
+
+def test_an_initializer_listed_as_an_input_is_an_optional_input_as_in_triton(server):
+    """Triton's own test: left out, the stored initializer (ones) is used; sent, the request's value."""
+    client = httpclient.InferenceServerClient(server.http_url)
+    assert [t["name"] for t in client.get_model_metadata("initialized")["inputs"]] == ["INPUT", "INITIALIZER"]
+    zeros = np.zeros((5, 5), np.float32)
+    inputs = [httpclient.InferInput("INPUT", [5, 5], "FP32"), httpclient.InferInput("INITIALIZER", [5, 5], "FP32")]
+    inputs[0].set_data_from_numpy(zeros, binary_data=False)
+    inputs[1].set_data_from_numpy(zeros + 3, binary_data=False)
+    np.testing.assert_array_equal(client.infer("initialized", inputs[:1]).as_numpy("OUTPUT"), zeros + 1)
+    np.testing.assert_array_equal(client.infer("initialized", inputs).as_numpy("OUTPUT"), zeros + 3)
 
 
 def test_a_model_kept_in_a_directory_with_external_data_loads_and_uploads(server):

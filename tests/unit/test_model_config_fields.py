@@ -383,3 +383,16 @@ def test_a_tensor_of_the_batch_dimension_alone_completes_as_triton_does(tmp_path
         assert out.shape == (3, 1) and np.all(out == 8.0)
     unbatched = complete_config(parse_pbtxt("max_batch_size: 0", "test"), "m", graph_in, graph_out, True)
     assert [list(t.dims) for t in unbatched.output] == [[-1]]  # no batch dimension to take off
+
+
+def test_an_overridable_initializer_is_an_input_only_where_the_config_lists_it():
+    """Triton's onnxruntime backend completes a config from the graph's inputs alone, and takes an initializer the
+    graph also lists as an input where the config names it (an optional input, as in its test)."""
+    graph_in = GRAPH_IN + [GraphTensor("SCALE", "FP32", (4,), overridable=True)]
+    completed = complete_config(parse_pbtxt("", "test"), "m", graph_in, GRAPH_OUT, False)
+    assert [t.name for t in completed.input] == ["INPUT"] and completed.max_batch_size == 4  # its fixed dims ignored
+    listed = complete_config(parse_pbtxt('input [ { name: "INPUT" }, { name: "SCALE" optional: true } ]', "test"),
+                             "m", graph_in, GRAPH_OUT, False)
+    assert [(t.name, list(t.dims), t.optional) for t in listed.input] == [("INPUT", [-1, 4], False),
+                                                                          ("SCALE", [4], True)]
+    assert listed.max_batch_size == 0  # SCALE has no batch dimension: the model cannot batch
