@@ -46,6 +46,7 @@ import sweep_servers  # noqa: E402
 
 from gt_serve.core.ensemble import is_ensemble  # noqa: E402
 from gt_serve.core.model_config import parse_pbtxt  # noqa: E402
+from gt_serve.core.model_dir import version_model_files  # noqa: E402
 from gt_serve.testing.launcher import launch  # noqa: E402
 
 
@@ -53,8 +54,7 @@ def repository_models(repo: Path) -> list[str]:
     """The models of a Triton-style repository that have an ONNX file in a numbered version folder, and its
     ensembles (a config.pbtxt of `platform: "ensemble"`)."""
     return sorted(d.name for d in repo.iterdir()
-                  if d.is_dir() and (any(v.name.isdigit() and (v / "model.onnx").is_file() for v in d.iterdir())
-                                     or ensemble_config(d) is not None))
+                  if d.is_dir() and (version_model_files(d, "model.onnx") or ensemble_config(d) is not None))
 
 
 def ensemble_config(model_dir: Path):
@@ -140,11 +140,11 @@ def triton_mirror(repo: Path, out: Path, configs: dict[str, dict]) -> Path:
         if is_ensemble(model_config(config)):
             (out / name / "1").mkdir()
             continue
-        for version in (repo / name).iterdir():
-            if version.name.isdigit() and (version / "model.onnx").is_file():
-                (out / name / version.name).mkdir()
-                (out / name / version.name / "model.onnx").symlink_to((version / "model.onnx").resolve())
-                shutil.copy(HERE / "triton_onnx_model.py", out / name / version.name / "model.py")
+        for version in version_model_files(repo / name, "model.onnx"):
+            (out / name / str(version)).mkdir()
+            for entry in (repo / name / str(version)).iterdir():  # model.onnx (a file or a directory), its data
+                (out / name / str(version) / entry.name).symlink_to(entry.resolve())
+            shutil.copy(HERE / "triton_onnx_model.py", out / name / str(version) / "model.py")
     return out
 
 
@@ -184,7 +184,7 @@ def raw_inputs(config: dict, shapes: dict[str, list[int]]) -> tuple[Callable[[in
         out = {}
         for name, dtype, dims in specs:
             shape = [batch, *dims] if max_batch > 0 else dims
-            out[name] = (rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating)
+            out[name] = (rng.standard_normal(shape).astype(dtype) if dtype.kind in "fV"  # V: BF16
                          else np.zeros(shape, dtype))
         return out
 

@@ -49,12 +49,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import sweep_servers
+from gt_serve.backends.ort_tensors import bfloat16_run, uses_bfloat16  # noqa: E402
 from common import CpuEnergyWindow, RaplMeter, emit, loops_times_s
 from sweep_summary import (bracket_best, point_ratios, raw_at_start, run_figures, summarise, summary_table,
                            targets_table)
@@ -106,6 +108,8 @@ def raw_point(model_path: Path, feed: Callable[[int], dict], batch: int, threads
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     sess = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+    if uses_bfloat16(sess):  # onnxruntime's Python API takes bfloat16 only as OrtValues (gt-serve's own path)
+        sess = SimpleNamespace(run=bfloat16_run(ort, sess))
     inputs = feed(batch)
     for _ in range(10):
         sess.run(None, inputs)
@@ -161,12 +165,14 @@ def input_feed(dims: list[int]) -> Callable[[int], dict]:
 
 
 def model_file(repo: Path, model: str) -> Path:
-    """The ONNX file of `model`'s highest numbered version in a Triton-style repository."""
-    versions = sorted((d for d in (repo / model).iterdir() if d.name.isdigit() and (d / "model.onnx").is_file()),
-                      key=lambda d: int(d.name))
-    if not versions:
+    """The ONNX file of `model`'s highest numbered version in a Triton-style repository (VERSION/model.onnx, or
+    VERSION/model.onnx/model.onnx where that is a directory, as gt-serve and Triton's onnxruntime backend find it)."""
+    from gt_serve.core.model_dir import version_model_files
+
+    files = version_model_files(repo / model, "model.onnx")
+    if not files:
         raise FileNotFoundError(f"no {repo / model}/<version>/model.onnx")
-    return versions[-1] / "model.onnx"
+    return repo / model / files[max(files)]
 
 
 # -- perf_analyzer points ------------------------------------------------------------------------------

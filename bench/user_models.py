@@ -21,6 +21,14 @@ bench/perf_repo.py (issue #17: "we will run perf_analyzer ourselves ... with mod
   max_batch_size 32 and dynamic batching; the ensemble's max_batch_size 32. Measure it alone
   (`--models pipeline`): its steps are models of the repository too.
 
+- `mlp_bf16`: `classifier` (the sweep's mlp) with BF16 `INPUT` and `OUTPUT` (a Cast to FP32 first, one back to
+  BF16 last), as models exported for bfloat16 clients are: onnxruntime's Python API takes and gives bfloat16 only
+  as OrtValues (gt_serve/backends/ort_tensors.py). Triton's Python backend gets no BF16 model (its numpy tensors
+  have no bfloat16): measure it with `--models mlp_bf16,classifier` and without --triton-venv.
+- `mlp_packed`: `classifier` kept as Triton's onnxruntime backend takes a model with external data: a directory
+  `1/model.onnx/` holding `model.onnx` and `weights.bin` (every initializer).
+Both have classifier's config; classifier is their twin in the same run.
+
 The encoder and the MobileNet are models of many small operators: the twenty-seventh pass found them slow while
 onnxruntime's intra-op threads never spun. The forest's batches, all launched into onnxruntime's pool, waited longer
 than they computed: the twenty-eighth pass lets them run on the loop (docs/DESIGN-NOTES.md). Weights and splits are
@@ -280,8 +288,32 @@ def pipeline(root: Path, seed: int = 0) -> None:
     (root / "pipeline" / "config.pbtxt").write_text(PIPELINE_CONFIG)
 
 
+def mlp_bf16(path: Path, seed: int = 0) -> None:
+    """The sweep's mlp between a Cast of its BF16 INPUT to FP32 and a Cast of its OUTPUT to BF16."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from gt_serve.testing import model_builders as mb
+
+    mb.mlp(path, seed=seed)
+    model = onnx.load(str(path))
+    graph = model.graph
+    for node in graph.node:
+        node.input[:] = ["INPUT_fp32" if n == "INPUT" else n for n in node.input]
+        node.output[:] = ["OUTPUT_fp32" if n == "OUTPUT" else n for n in node.output]
+    graph.node.insert(0, helper.make_node("Cast", ["INPUT"], ["INPUT_fp32"], to=TensorProto.FLOAT))
+    graph.node.append(helper.make_node("Cast", ["OUTPUT_fp32"], ["OUTPUT"], to=TensorProto.BFLOAT16))
+    for tensor in (graph.input[0], graph.output[0]):
+        tensor.type.tensor_type.elem_type = TensorProto.BFLOAT16
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
 def build(root: Path) -> Path:
     """The models above as a Triton-style repository under `root`."""
+    from gt_serve.testing import model_builders as mb
+    from gt_serve.testing.feature_models import move_weights_out
+
     encoder(root / "encoder_nocfg" / "1" / "model.onnx")
     encoder(root / "encoder_db" / "1" / "model.onnx")
     (root / "encoder_db" / "config.pbtxt").write_text(ENCODER_DB_CONFIG)
@@ -289,6 +321,15 @@ def build(root: Path) -> Path:
     (root / "mobilenet" / "config.pbtxt").write_text(MOBILENET_CONFIG)
     forest(root / "forest" / "1" / "model.onnx")
     pipeline(root)
+    mlp_bf16(root / "mlp_bf16" / "1" / "model.onnx")
+    mb.mlp(root / "mlp_packed" / "1" / "model.onnx" / "model.onnx")
+    move_weights_out(root / "mlp_packed" / "1" / "model.onnx" / "model.onnx")
+    for name in ("mlp_bf16", "mlp_packed"):
+        (root / name / "config.pbtxt").write_text(
+            PIPELINE_STEP_CONFIG.format(name=name, i="INPUT", o="OUTPUT", w_in=256, w_out=10,
+                                        delay="max_queue_delay_microseconds: 500"))
+    (root / "mlp_bf16" / "config.pbtxt").write_text((root / "mlp_bf16" / "config.pbtxt").read_text()
+                                                    .replace("TYPE_FP32", "TYPE_BF16"))
     return root
 
 

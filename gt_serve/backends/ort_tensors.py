@@ -28,14 +28,16 @@ def uses_bfloat16(session: Any) -> bool:
 
 
 def bfloat16_run(ort: Any, session: Any) -> Callable[[list[str], dict, Any], list[np.ndarray]]:
-    """`session.run`'s signature and results, for a session with bfloat16 tensors."""
+    """`session.run`'s signature and results (names None: every output), for a session with bfloat16 tensors."""
     if any(t.type == "tensor(string)" for t in (*session.get_inputs(), *session.get_outputs())):
         raise InvalidArgument("a model with both bfloat16 and string tensors is not supported (onnxruntime's Python "
                               "API makes no string OrtValue from an array)")
     bf16_inputs = frozenset(i.name for i in session.get_inputs() if i.type == BFLOAT16_TYPE)
+    every_output = [o.name for o in session.get_outputs()]
     as_value, as_typed_value = ort.OrtValue.ortvalue_from_numpy, ort.OrtValue.ortvalue_from_numpy_with_onnx_type
 
-    def run(names: list[str], feeds: dict, run_options: Any = None) -> list[np.ndarray]:
+    def run(names: list[str] | None, feeds: dict, run_options: Any = None) -> list[np.ndarray]:
+        names = names or every_output
         values = {}
         for name, array in feeds.items():
             if name in bf16_inputs:

@@ -17,6 +17,7 @@ import perf_sweep  # noqa: E402
 
 from gt_serve.core.model_config import parse_pbtxt  # noqa: E402
 from gt_serve.testing import model_builders as mb  # noqa: E402
+from gt_serve.testing.feature_models import bf16_scale, move_weights_out  # noqa: E402
 
 GATHER_CONFIG = """name: "lookup"
 platform: "onnxruntime_onnx"
@@ -48,6 +49,9 @@ def repo(tmp_path_factory) -> Path:
     (root / "lookup_ens" / "1").mkdir(parents=True)  # an ensemble: a config and an empty version folder
     (root / "lookup_ens" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     (root / "notes").mkdir()  # not a model
+    mb.scale(root / "packed" / "1" / "model.onnx" / "model.onnx")  # a directory with external data, as Triton's
+    move_weights_out(root / "packed" / "1" / "model.onnx" / "model.onnx")  # onnxruntime backend takes one
+    bf16_scale(root / "bf16" / "1" / "model.onnx")  # BF16 tensors: onnxruntime takes them only as OrtValues
     return root
 
 
@@ -57,8 +61,9 @@ def configs(repo, tmp_path_factory) -> dict:
 
 
 def test_the_repositorys_models_are_the_folders_with_an_onnx_version_and_the_ensembles(repo):
-    assert perf_repo.repository_models(repo) == ["fixed", "lookup", "lookup_ens", "pair"]
+    assert perf_repo.repository_models(repo) == ["bf16", "fixed", "lookup", "lookup_ens", "packed", "pair"]
     assert perf_sweep.model_file(repo, "pair") == repo / "pair" / "2" / "model.onnx"
+    assert perf_sweep.model_file(repo, "packed") == repo / "packed" / "1" / "model.onnx" / "model.onnx"
 
 
 def test_tritons_config_has_the_same_tensors_and_batching_on_the_python_backend(configs):
@@ -78,6 +83,9 @@ def test_the_mirror_holds_each_version_with_the_generic_python_model(repo, confi
     assert (out / "pair" / "2" / "model.onnx").resolve() == (repo / "pair" / "2" / "model.onnx").resolve()
     assert (out / "pair" / "2" / "model.py").read_text() == (BENCH / "triton_onnx_model.py").read_text()
     assert 'backend: "python"' in (out / "lookup" / "config.pbtxt").read_text()
+    packed = out / "packed" / "1"  # the version's every entry, so that the external data lies beside the model
+    assert sorted(e.name for e in packed.iterdir()) == ["model.onnx", "model.py"]
+    assert sorted(e.name for e in (packed / "model.onnx").iterdir()) == ["model.onnx", "weights.bin"]
 
 
 def test_an_ensemble_stays_an_ensemble_for_triton_with_its_steps_beside_it(repo, configs, tmp_path):
@@ -93,7 +101,7 @@ def test_an_ensemble_stays_an_ensemble_for_triton_with_its_steps_beside_it(repo,
 
 
 def test_raw_onnxruntime_is_fed_every_input_at_each_batch(repo, configs):
-    for name, batch in (("lookup", 8), ("pair", 3), ("fixed", 1)):
+    for name, batch in (("lookup", 8), ("pair", 3), ("fixed", 1), ("packed", 2), ("bf16", 2)):
         feed, batches = perf_repo.raw_inputs(configs[name], {})
         point = perf_sweep.raw_point(perf_sweep.model_file(repo, name), feed, batch, 1, 0.05)
         assert point["runs"] > 0 and point["batch"] == batch
@@ -102,6 +110,7 @@ def test_raw_onnxruntime_is_fed_every_input_at_each_batch(repo, configs):
     assert lookup_feed(8)["INDICES"].shape == (8, 1) and not lookup_feed(8)["INDICES"].any()  # zeros: in range
     assert perf_repo.raw_inputs(configs["fixed"], {})[1] == (1,)  # a model that does not batch
     assert perf_repo.raw_inputs(configs["fixed"], {})[0](1)["INPUT"].shape == (3,)
+    assert perf_repo.raw_inputs(configs["bf16"], {})[0](2)["INPUT"].any()  # noise, not zeros, for a BF16 input
 
 
 def test_variable_dimensions_take_perf_analyzers_shape_arguments():

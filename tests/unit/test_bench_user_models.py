@@ -40,8 +40,8 @@ def _completed(repo: Path, model: str):
 
 
 def test_the_repository_holds_the_models_and_the_pipeline_with_its_steps(repo):
-    assert perf_repo.repository_models(repo) == ["classifier", "encoder_db", "encoder_nocfg", "forest", "mobilenet",
-                                                 "normalise", "pipeline", "softmax"]
+    assert perf_repo.repository_models(repo) == ["classifier", "encoder_db", "encoder_nocfg", "forest", "mlp_bf16",
+                                                 "mlp_packed", "mobilenet", "normalise", "pipeline", "softmax"]
     assert perf_repo.with_steps(repo, ["pipeline"]) == ["pipeline", "normalise", "classifier", "softmax"]
 
 
@@ -94,3 +94,27 @@ def test_gt_serve_completes_their_configs_as_triton_would(repo):
     forest = _completed(repo, "forest")
     assert forest.max_batch_size == 4 and [list(t.dims) for t in forest.output] == [[1], [3]]
     assert forest.output[0].HasField("reshape") and not forest.output[1].HasField("reshape")
+
+
+def test_the_classifiers_bf16_and_packed_twins_compute_what_it_computes(repo):
+    """mlp_bf16 (BF16 in and out, through onnxruntime's OrtValues as gt-serve runs it) and mlp_packed (a directory
+    with external data) are `classifier`; each loads in gt-serve with classifier's batching."""
+    import ml_dtypes
+    import onnxruntime as ort
+
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from gt_serve.backends.ort_tensors import bfloat16_run
+
+    x = np.random.default_rng(1).standard_normal((4, 256)).astype(np.float32)
+    (want,) = _session(repo, "classifier").run(None, {"INPUT": x})
+    packed = ort.InferenceSession(str(repo / "mlp_packed" / "1" / "model.onnx" / "model.onnx"),
+                                  providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(packed.run(None, {"INPUT": x})[0], want, rtol=1e-5, atol=1e-5)
+    x16 = x.astype(ml_dtypes.bfloat16)
+    (got,) = bfloat16_run(ort, _session(repo, "mlp_bf16"))(None, {"INPUT": x16})
+    (want16,) = _session(repo, "classifier").run(None, {"INPUT": x16.astype(np.float32)})
+    assert got.dtype == np.dtype(ml_dtypes.bfloat16)
+    np.testing.assert_allclose(got.astype(np.float32), want16, rtol=1e-2, atol=1e-2)  # bfloat16's 8 bits
+    cfg = _completed(repo, "mlp_bf16")
+    assert cfg.input[0].data_type == mc.TYPE_BF16 and cfg.max_batch_size == 32
