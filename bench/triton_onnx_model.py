@@ -26,7 +26,7 @@ class TritonPythonModel:
         opts.intra_op_num_threads = len(os.sched_getaffinity(0))
         opts.inter_op_num_threads = 1
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
-        if os.path.isdir(path):  # a directory holding model.onnx beside its external data (Triton's onnxruntime backend)
+        if os.path.isdir(path):  # holding model.onnx beside its external data (Triton's onnxruntime backend)
             path = os.path.join(path, "model.onnx")
         self.session = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
 
