@@ -196,7 +196,8 @@ def check_metric_tags(cfg: mc.ModelConfig, name: str) -> None:
 ENSEMBLE_FIELDS = frozenset({"name", "platform", "backend", "version_policy", "max_batch_size", "input.name",
                              "input.data_type", "input.dims", "input.format", "output.name", "output.data_type",
                              "output.dims", "output.label_filename", "ensemble_scheduling", "metric_tags",
-                             "response_cache"})  # Triton caches an ensemble's own requests, and tags its metrics
+                             "response_cache",  # Triton caches an ensemble's own requests, and tags its metrics
+                             "parameters"})  # loaded, as Triton loads them; no backend reads them (a warning)
 
 
 def check_ensemble_fields(cfg: mc.ModelConfig, name: str) -> None:
@@ -205,6 +206,8 @@ def check_ensemble_fields(cfg: mc.ModelConfig, name: str) -> None:
         if path not in ENSEMBLE_FIELDS:
             raise ConfigError(f"ensemble '{name}': config field '{path}' does not apply to an ensemble (each step "
                               "model's own config says how the step runs)")
+    for key in sorted(cfg.parameters):
+        log.warning("ensemble %s: parameters key '%s' is ignored (an ensemble has no backend to read it)", name, key)
     if not cfg.ensemble_scheduling.step:
         raise ConfigError(f"ensemble '{name}': platform 'ensemble' needs ensemble_scheduling with at least one step")
     check_metric_tags(cfg, name)

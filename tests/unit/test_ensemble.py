@@ -129,6 +129,16 @@ def test_an_ensemble_may_tag_its_metrics():
     assert prepare(cfg).steps and dict(cfg.metric_tags) == {"team": "v"}
 
 
+def test_an_ensembles_parameters_load_with_a_warning(caplog):
+    """Triton loads an ensemble config's parameters (a config may carry keys for other tools); no backend reads
+    them, and the load says so."""
+    cfg = config([step("pre", {"INPUT": "X"}, {"OUTPUT": "Y"})],
+                 extra='parameters { key: "owner" value: { string_value: "vision" } }')
+    with caplog.at_level("WARNING"):
+        assert prepare(cfg).steps
+    assert "ensemble e: parameters key 'owner' is ignored" in caplog.text
+
+
 def test_step_versions_are_read():
     cfg = config([step("pre", {"INPUT": "X"}, {"OUTPUT": "Y"}).replace("model_version: -1", "model_version: 3")])
     assert plan_from_config(cfg).steps[0].version == "3"
