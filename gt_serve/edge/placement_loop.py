@@ -95,6 +95,7 @@ class PlacementLoop:
                 log.exception("placement check failed")
 
     async def check(self) -> list[Decision]:
+        await self._weigh_models()
         now_s = self.clock()
         demand = self._demand(now_s)
         view = PlacementView(self.node, (self._self_load(demand), *self._peer_loads(now_s)),
@@ -129,17 +130,26 @@ class PlacementLoop:
                                    self._mem_bytes(model), pinned=model.name in self._pinned))
         return tuple(out)
 
-    def _mem_bytes(self, model: Any) -> float:
-        """The model's files (with its external data), times the memory factor; parsed once per model file."""
-        try:
-            stat = model.path.stat()
+    async def _weigh_models(self) -> None:
+        """Each loaded model's files with their external data, weighed off the event loop (the graph is parsed)
+        once per model file and again when it changes: _mem_bytes reads what this found."""
+        for model in self.registry.loaded():
+            try:
+                stat = model.path.stat()
+            except OSError:
+                continue
             known = self._file_bytes.get(model.path)
-            if known is None or known[0] != (stat.st_mtime_ns, stat.st_size):  # new, or rewritten and reloaded
-                known = self._file_bytes[model.path] = ((stat.st_mtime_ns, stat.st_size),
-                                                        model_footprint_bytes(model.path, model.name))
-        except Exception:  # gone, or not a graph onnx reads (its DecodeError is no OSError): nothing to count
-            return 0.0
-        return known[1] * self.cfg.memory_factor
+            if known is None or known[0] != (stat.st_mtime_ns, stat.st_size):
+                try:
+                    size = await asyncio.to_thread(model_footprint_bytes, model.path, model.name)
+                except Exception:  # not a graph onnx reads (its DecodeError is no OSError), or an ensemble's folder
+                    size = stat.st_size
+                self._file_bytes[model.path] = ((stat.st_mtime_ns, stat.st_size), size)
+
+    def _mem_bytes(self, model: Any) -> float:
+        """The model's files (with its external data, as _weigh_models found them) times the memory factor."""
+        known = self._file_bytes.get(model.path)
+        return known[1] * self.cfg.memory_factor if known is not None else 0.0
 
     def _self_load(self, demand: tuple[ModelDemand, ...]) -> NodeLoad:
         placed = sum(d.mem_bytes for d in demand if not d.pinned)
