@@ -53,6 +53,8 @@ def bfloat16_run(ort: Any, session: Any) -> Callable[[list[str], dict, Any], lis
 def _as_array(value: Any) -> np.ndarray:
     if value.data_type() != BFLOAT16_TYPE:
         return value.numpy()
+    if value.device_name().lower() != "cpu":  # Run gives host outputs; a device pointer must never reach memmove
+        raise RuntimeError(f"a bfloat16 output came back on {value.device_name()}, not in host memory")
     shape = tuple(value.shape())
     out = np.empty(shape, dtype=_BF16)
     if out.size:
