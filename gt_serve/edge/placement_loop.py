@@ -215,7 +215,7 @@ class PlacementLoop:
         model = self.registry.get(d.model)
         try:
             files = await asyncio.to_thread(_upload_files, model)
-        except (OSError, GtServeError) as exc:
+        except Exception as exc:  # gone, confined, or a graph onnx cannot read: this decision fails, not the loop
             return f"failed: the model's files cannot be read: {exc}"
         digest = hashlib.sha256(files[f"file:{model.version}/{model.path.name}"]).hexdigest()
         # the model file by its own name (it may have been FILENAME/model.onnx here), beside its external data
