@@ -106,7 +106,8 @@ def test_a_models_files_are_its_model_file_and_the_external_data_its_graph_names
     move_weights_out(packed, "data/weights.bin")
     (packed.parent / "unrelated.txt").write_text("not the model's")
     assert model_files(plain, "m") == {"model.onnx": plain}
-    assert model_files(packed, "m") == {"model.onnx": packed, "data/weights.bin": packed.parent / "data" / "weights.bin"}
+    assert model_files(packed, "m") == {"model.onnx": packed,
+                                        "data/weights.bin": packed.parent / "data" / "weights.bin"}
     assert model_footprint_bytes(packed, "m") == packed.stat().st_size + 4  # one float of weights
     assert model_footprint_bytes(plain, "m") == plain.stat().st_size
 
