@@ -33,20 +33,23 @@ def read_config(name: str, model_dir: Path, config_json: str | None) -> tuple[mc
     """(the config as written or overridden, whether it states max_batch_size)."""
     pbtxt = model_dir / "config.pbtxt"
     if config_json is not None:
-        return parse_json_override(config_json, name), '"max_batch_size"' in config_json or "max_batch_size" in config_json
+        return parse_json_override(config_json, name), "max_batch_size" in config_json
     if pbtxt.is_file():
         text = pbtxt.read_text()
         return parse_pbtxt(text, f"model '{name}' config.pbtxt"), config_mentions_batching(text)
     return mc.ModelConfig(), False
 
 
+def version_dirs(model_dir: Path) -> list[Path]:
+    """The model directory's version directories (named by a number), in no order."""
+    return [p for p in model_dir.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit()]
+
+
 def version_model_files(model_dir: Path, filename: str) -> dict[int, str]:
     """Each version directory's model file, relative to the model directory (not confined yet: `confine` those
     loaded); a version directory without one is no version."""
     found: dict[int, str] = {}
-    for version_dir in model_dir.iterdir():
-        if not (version_dir.is_dir() and version_dir.name.isascii() and version_dir.name.isdigit()):
-            continue
+    for version_dir in version_dirs(model_dir):
         path = version_dir / filename
         if path.is_file():
             found[int(version_dir.name)] = f"{version_dir.name}/{filename}"

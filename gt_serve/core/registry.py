@@ -17,8 +17,8 @@ from ..errors import (Code, GtServeError, Internal, InvalidArgument, InvalidMode
                       Unavailable)
 from .ensemble import EnsemblePlan, Step, is_ensemble, load_step_models, prepare_ensemble
 from .model_config import Describe, ModelSpec, complete_config, spec_from_config
-from .model_dir import (MODEL_FILE_IN_DIRECTORY, read_config, run_repository_agents, version_model_files,
-                        versions_to_load)
+from .model_dir import (MODEL_FILE_IN_DIRECTORY, read_config, run_repository_agents, version_dirs,
+                        version_model_files, versions_to_load)
 from .response_cache import check_cache_available
 from .repository_paths import NAME_RULE, UploadArea, check_config_paths, confine, is_plain_name, shown
 from .statistics import ModelStats
@@ -273,8 +273,7 @@ class ModelRegistry:
 
         plan = prepare_ensemble(cfg, name, step_spec, plan_of)
         check_cache_available(cfg, name, self._response_cache)
-        available = sorted((int(p.name) for p in model_dir.iterdir()
-                            if p.is_dir() and p.name.isascii() and p.name.isdigit()), reverse=True)
+        available = sorted((int(p.name) for p in version_dirs(model_dir)), reverse=True)
         if not available:
             raise InvalidArgument(f"ensemble '{name}': no version directory (Triton's layout: an empty '{name}/1/')")
         spec = spec_from_config(cfg, model_dir)
