@@ -57,6 +57,7 @@ sys.path.insert(0, str(HERE))
 
 import sweep_servers
 from gt_serve.backends.ort_tensors import bfloat16_run, uses_bfloat16  # noqa: E402
+from gt_serve.core.model_dir import version_model_files  # noqa: E402
 from common import CpuEnergyWindow, RaplMeter, emit, loops_times_s
 from sweep_summary import (bracket_best, point_ratios, raw_at_start, run_figures, summarise, summary_table,
                            targets_table)
@@ -167,8 +168,6 @@ def input_feed(dims: list[int]) -> Callable[[int], dict]:
 def model_file(repo: Path, model: str) -> Path:
     """The ONNX file of `model`'s highest numbered version in a Triton-style repository (VERSION/model.onnx, or
     VERSION/model.onnx/model.onnx where that is a directory, as gt-serve and Triton's onnxruntime backend find it)."""
-    from gt_serve.core.model_dir import version_model_files
-
     files = version_model_files(repo / model, "model.onnx")
     if not files:
         raise FileNotFoundError(f"no {repo / model}/<version>/model.onnx")
