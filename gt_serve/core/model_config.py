@@ -2,6 +2,7 @@
 ONNX graph the Triton way, and the derived per-model specs the data plane validates against."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ from .repository_paths import read_model_file, shown
 from .sequence_config import SequenceSettings, check_hidden, hidden_tensors, sequence_settings
 from .session_settings import SessionSettings, session_settings
 from .warmup import WarmupSample, warmup_samples
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH_SIZE = 4  # Triton's default when auto-completing a batching model
 MAX_LABEL_FILE_BYTES = 16 * 1024 * 1024
@@ -75,8 +78,7 @@ def complete_config(cfg: mc.ModelConfig, name: str, graph_inputs: list, graph_ou
         cfg.backend = "onnxruntime"
     if not cfg.default_model_filename:
         cfg.default_model_filename = "model.onnx"
-    listed = {t.name for t in cfg.input}  # an overridable initializer is an input only where the config lists it
-    graph_inputs = [g for g in graph_inputs if not getattr(g, "overridable", False) or g.name in listed]
+    graph_inputs, graph_outputs = _served_tensors(cfg, name, graph_inputs, graph_outputs)
     all_graph = list(graph_inputs) + list(graph_outputs)
     can_batch = bool(all_graph) and all(_variable_first_dim(t) for t in all_graph)
     if not batching_explicit and cfg.max_batch_size == 0 and can_batch:
@@ -101,6 +103,44 @@ def complete_config(cfg: mc.ModelConfig, name: str, graph_inputs: list, graph_ou
     if not cfg.instance_group:
         cfg.instance_group.add(name=name, kind=mc.ModelInstanceGroup.KIND_AUTO, count=0)  # the host fills it in
     return cfg
+
+
+def _served_tensors(cfg, name: str, graph_inputs: list, graph_outputs: list) -> tuple[list, list]:
+    """The graph inputs and outputs the model serves. An overridable initializer is an input only where the config
+    lists it. The V2 protocol carries tensors of its datatypes only; Triton's onnxruntime backend fails the load on
+    any other graph input or output (a sequence, a map, an optional, a sparse tensor, or a tensor of FP8, INT4 or
+    complex elements). An input fails it here too: no request could feed it. So does an output the config lists.
+    One the config leaves out is left out of the model, with a warning naming it: a scikit-learn classifier exported
+    with a ZipMap still serves its labels. The load fails where no output is left."""
+    listed = {t.name for t in cfg.input}
+    graph_inputs = [g for g in graph_inputs if not getattr(g, "overridable", False) or g.name in listed]
+    for g in graph_inputs:
+        if g.datatype not in _V2_TO_TYPE:
+            raise ConfigError(f"model '{name}': input '{g.name}' is an ONNX {g.datatype}, {_NOT_SERVABLE}")
+    listed = {t.name for t in cfg.output}
+    kept = []
+    for g in graph_outputs:
+        if g.datatype in _V2_TO_TYPE:
+            kept.append(g)
+        elif g.name in listed:
+            raise ConfigError(f"model '{name}': output '{g.name}' in the config is an ONNX {g.datatype}, "
+                              f"{_NOT_SERVABLE}{_zipmap_hint(g)}")
+        else:
+            log.warning("model '%s': output '%s' is an ONNX %s, %s; the model serves its other outputs%s",
+                        name, g.name, g.datatype, _NOT_SERVABLE, _zipmap_hint(g))
+    if graph_outputs and not kept:
+        raise ConfigError(f"model '{name}': no output of the ONNX graph is a tensor of a V2 datatype "
+                          f"({', '.join(f'{g.name}: {g.datatype}' for g in graph_outputs)})")
+    return graph_inputs, kept
+
+
+_NOT_SERVABLE = ("which the KServe V2 protocol cannot carry (it carries tensors of " + ", ".join(_V2_TO_TYPE) + ")")
+
+
+def _zipmap_hint(g) -> str:
+    if g.datatype.startswith("seq(map("):
+        return " (a scikit-learn classifier: export it with skl2onnx's options={'zipmap': False} for a tensor)"
+    return ""
 
 
 def _merge_tensors(cfg, tensors, graph: list, what: str, name: str) -> None:

@@ -1,7 +1,8 @@
 """Models of particular config features, built with the onnx helper API for the tests: ragged batching (Triton's
 example, with batch inputs and a batch output), a custom operator (onnxruntime-extensions' StringLower), bfloat16
-tensors, an initializer a request may override (Triton's test model), and a model's weights moved to an external
-data file (as large models are saved)."""
+tensors, an initializer a request may override (Triton's test model), a model's weights moved to an external
+data file (as large models are saved), and graphs with inputs or outputs no V2 tensor carries (a scikit-learn
+classifier's ZipMap, a sequence input, FP8 elements)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -104,3 +105,48 @@ def add_with_initializer(path: Path) -> None:
     io = [helper.make_tensor_value_info(n, f32, [5, 5]) for n in ("INPUT", "INITIALIZER", "OUTPUT")]
     node = helper.make_node("Add", ["INPUT", "INITIALIZER"], ["OUTPUT"])
     save_model(helper.make_graph([node], "init_input", io[:2], io[2:], [ones]), path)
+
+
+def zipmap_classifier(path: Path, features: int = 4, classes: int = 3, probabilities: bool = True) -> None:
+    """A scikit-learn classifier as skl2onnx exports it by default: FP32 X [B, features] -> `label` (INT64 [B], the
+    argmax of X's first `classes` columns) and `output_probability`, a ZipMap's sequence of maps (class -> softmax
+    probability), which no V2 tensor carries. `probabilities` False: `output_probability` is the only output."""
+    from onnx import TensorProto, helper
+
+    weights = [1.0 if f == c else 0.0 for c in range(classes) for f in range(features)]
+    ml = "ai.onnx.ml"
+    nodes = [helper.make_node("LinearClassifier", ["X"], ["label", "probabilities"], domain=ml,
+                              coefficients=weights, intercepts=[0.0] * classes,
+                              classlabels_ints=list(range(classes)), post_transform="SOFTMAX"),
+             helper.make_node("ZipMap", ["probabilities"], ["output_probability"], domain=ml,
+                              classlabels_int64s=list(range(classes)))]
+    maps = helper.make_sequence_type_proto(helper.make_map_type_proto(
+        TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, [])))
+    outputs = [helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"])] if probabilities else []
+    outputs.append(helper.make_value_info("output_probability", maps))
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", features])]
+    if not probabilities:
+        nodes[0].output[0] = "unused_label"
+    save_model(helper.make_graph(nodes, "zipmap_classifier", inputs, outputs), path, domains=(ml,))
+
+
+def sequence_input(path: Path) -> None:
+    """S, an ONNX sequence of FP32 [N, 3] tensors -> Y, its first tensor: an input no V2 request can feed."""
+    from onnx import TensorProto, helper
+
+    seq = helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, ["n", 3]))
+    zero = helper.make_tensor("zero", TensorProto.INT64, [], [0])
+    node = helper.make_node("SequenceAt", ["S", "zero"], ["Y"])
+    save_model(helper.make_graph([node], "sequence_input", [helper.make_value_info("S", seq)],
+                                 [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["n", 3])], [zero]), path)
+
+
+def fp8_input(path: Path) -> None:
+    """X (FLOAT8E4M3FN [B, 4]) -> Y, X cast to FP32 (opset 19): a tensor of an element type with no V2 datatype."""
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Cast", ["X"], ["Y"], to=TensorProto.FLOAT)
+    save_model(helper.make_graph([node], "fp8_input",
+                                 [helper.make_tensor_value_info("X", TensorProto.FLOAT8E4M3FN, ["batch", 4])],
+                                 [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 4])]),
+               path, opset=19)

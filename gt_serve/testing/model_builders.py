@@ -12,12 +12,12 @@ OPSET = 17
 IR_VERSION = 9
 
 
-def save_model(graph, path: Path, domains: tuple[str, ...] = ()) -> None:
+def save_model(graph, path: Path, domains: tuple[str, ...] = (), opset: int = OPSET) -> None:
     """`domains`: custom-operator domains the graph uses (version 1 of each)."""
     import onnx
     from onnx import helper
 
-    opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, 1) for d in domains]
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
