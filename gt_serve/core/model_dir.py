@@ -109,9 +109,11 @@ def model_files(model_file: Path, name: str) -> dict[str, Path]:
     import onnx
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
+    files = {model_file.name: model_file}
+    if _ort_format(model_file):  # onnxruntime's own format holds its weights
+        return files
     graph = onnx.load(str(model_file), load_external_data=False).graph
     base = os.path.realpath(model_file.parent)
-    files = {model_file.name: model_file}
     for tensor in _tensors(graph):
         if uses_external_data(tensor):
             path = confine(model_file.parent, ExternalDataInfo(tensor).location, model=name, what="external data file")
@@ -126,6 +128,13 @@ def model_footprint_bytes(model_file: Path, name: str) -> int:
     if size > _PARSED_AT_MOST:
         return size
     return sum(path.stat().st_size for path in model_files(model_file, name).values())
+
+
+def _ort_format(model_file: Path) -> bool:
+    """Whether a model file is in onnxruntime's ORT format (a flatbuffer whose identifier, bytes 4-8, is ORTM), as
+    onnxruntime saves an optimized model for edge devices; onnxruntime loads it as any model file."""
+    with open(model_file, "rb") as f:
+        return f.read(8)[4:] == b"ORTM"
 
 
 def _tensors(graph):

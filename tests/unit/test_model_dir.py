@@ -112,6 +112,21 @@ def test_a_models_files_are_its_model_file_and_the_external_data_its_graph_names
     assert model_footprint_bytes(plain, "m") == plain.stat().st_size
 
 
+def test_a_model_in_onnxruntimes_own_format_is_its_one_file(tmp_path):
+    """An ORT-format file (onnxruntime saves one for edge devices) is no ONNX protobuf; it holds its weights."""
+    import onnxruntime as ort
+
+    source, saved = tmp_path / "model.onnx", tmp_path / "m" / "model.ort"
+    mb.scale(source)
+    saved.parent.mkdir()
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(saved)
+    options.add_session_config_entry("session.save_model_format", "ORT")
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    assert model_files(saved, "m") == {"model.ort": saved}
+    assert model_footprint_bytes(saved, "m") == saved.stat().st_size
+
+
 def test_external_data_outside_the_models_directory_is_refused(tmp_path):
     import onnx
 
