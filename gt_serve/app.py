@@ -80,14 +80,15 @@ class App:
         return OnnxRunner(model_path, device="cpu", intra_op_threads=self._intra_op,
                           spin_us=self.cfg.lanes.spin_us if self._intra_op > 1 else 0, settings=settings)
 
-    def _repository(self) -> Path:
-        if self.cfg.server.model_repository:
-            return Path(self.cfg.server.model_repository)
+    def _repositories(self) -> list[Path]:
+        given = [Path(r) for r in (self.cfg.server.model_repository, *self.cfg.server.model_repositories) if r]
+        if given:
+            return given
         from .testing.model_builders import demo_repository
 
         self._demo_dir = Path(tempfile.mkdtemp(prefix="gt_serve_demo_"))
         log.info("no --model-repository given: serving the bundled demo repository")
-        return demo_repository(self._demo_dir)
+        return [demo_repository(self._demo_dir)]
 
     def _build_execution(self, loop: asyncio.AbstractEventLoop) -> LocalModelHost:
         """Lanes and pools (execution.lane_plan), scheduler, energy books, and the host of the models' executors."""
@@ -116,10 +117,11 @@ class App:
 
         s = self.cfg.server
         host = self._build_execution(asyncio.get_running_loop())
-        repo = self._repository()
-        if not repo.is_dir():
-            raise SystemExit(f"gt-serve: model repository '{repo}' is not a directory")
-        self.registry = ModelRegistry(repo, describe_model, host, drain_timeout_s=s.drain_timeout_s,
+        repos = self._repositories()
+        for repo in repos:
+            if not repo.is_dir():
+                raise SystemExit(f"gt-serve: model repository '{repo}' is not a directory")
+        self.registry = ModelRegistry(repos, describe_model, host, drain_timeout_s=s.drain_timeout_s,
                                       response_cache=self.response_cache is not None)
         if self.worker is not None:
             self.link = WorkerLink(self.worker)

@@ -182,7 +182,8 @@ def _cache_config(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gt-serve", description="KServe V2 / Triton-compatible inference server for ONNX models")
     p.add_argument("--model-repository", "--model-store", dest="model_repository", action="append",
-                   help="Triton-style model repository (default: the bundled demo); one (Triton takes several)")
+                   help="Triton-style model repository (default: the bundled demo); repeatable, as in Triton: "
+                        "a model name must be unique across them")
     p.add_argument("--http-port", type=int, help="HTTP port (0 = pick a free port; default 8000)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (0 = pick a free port; default 8001)")
     p.add_argument("--metrics-port", type=int, help="Prometheus metrics port (0 = pick a free port; default 8002)")
@@ -262,10 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                  and v is not None}
     notes = _ignored_notes(args)
     if args.model_repository:
-        overrides["model_repository"] = args.model_repository[0]
-        if len(args.model_repository) > 1:
-            notes.append(f"serving the first of {len(args.model_repository)} model repositories only: "
-                         f"{args.model_repository[0]}")
+        overrides["model_repository"], *more = args.model_repository
+        overrides["model_repositories"] = tuple(more)
     if args.log_level is None and _triton_log_level(args) is not None:
         overrides["log_level"] = _triton_log_level(args)
     if _trace_overrides(args):

@@ -31,6 +31,8 @@ class ServerConfig:
     grpc_port: int = 8001
     metrics_port: int = 8002
     model_repository: str | None = None  # None = the bundled demo repository
+    # more repositories beside it (Triton's --model-repository, repeated): a model name must be unique across them all
+    model_repositories: tuple[str, ...] = ()
     model_control_mode: str = "none"
     repository_poll_s: float = 15.0  # model_control_mode "poll": seconds between repository scans (Triton's default)
     load_models: tuple[str, ...] = ()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -81,9 +82,11 @@ class ModelEntry:
 
 
 class ModelRegistry:
-    def __init__(self, repository: Path, describe: Describe, host: ModelHost, *, drain_timeout_s: float = 30.0,
-                 uploads: UploadArea | None = None, response_cache: bool = False) -> None:
-        self.repository = Path(repository)
+    def __init__(self, repository: Path | Sequence[Path], describe: Describe, host: ModelHost, *,
+                 drain_timeout_s: float = 30.0, uploads: UploadArea | None = None, response_cache: bool = False) -> None:
+        """`repository`: one model repository or several (Triton's --model-repository, repeated); a model is a
+        directory in one of them, and a name in two or more is no model until all but one are gone, as in Triton."""
+        self.repositories = (Path(repository),) if isinstance(repository, (str, Path)) else tuple(map(Path, repository))
         self._describe = describe
         self._host = host
         self._response_cache = response_cache  # the server has one: an ensemble asking for it loads
@@ -142,15 +145,26 @@ class ModelRegistry:
 
     # -- repository -----------------------------------------------------------------------------
     def scan(self) -> list[str]:
-        if not self.repository.is_dir():
+        return sorted({p.name for root in self.repositories if root.is_dir()
+                       for p in root.iterdir() if is_plain_name(p.name) and p.is_dir()})
+
+    def model_dirs(self, name: str) -> list[Path]:
+        """The directories named `name` in the repositories: one where the model is unique, none for a name that is
+        not plain (only ever a direct child is looked at)."""
+        if not is_plain_name(name):
             return []
-        return sorted(p.name for p in self.repository.iterdir() if is_plain_name(p.name) and p.is_dir())
+        return [root / name for root in self.repositories if (root / name).is_dir()]
+
+    def _model_dir(self, name: str) -> Path:
+        dirs = self.model_dirs(name)
+        if len(dirs) > 1:  # Triton's words; the paths go to the log only
+            log.error("model '%s' is in %d model repositories: %s", name, len(dirs), ", ".join(map(str, dirs)))
+            raise InvalidArgument(f"not unique across all model repositories (in {len(dirs)} of them)")
+        return dirs[0]
 
     def _on_disk(self, name: str) -> bool:
-        """A model directory in the repository, or uploaded files: only ever a plain name, a direct child."""
-        if not is_plain_name(name):
-            return False
-        return (self.repository / name).is_dir() or (name in self._entries and self._entries[name].uploaded)
+        """A model directory in a repository, or uploaded files: only ever a plain name, a direct child."""
+        return bool(self.model_dirs(name)) or (name in self._entries and self._entries[name].uploaded)
 
     def index(self, ready_only: bool = False) -> list[dict]:
         rows = []
@@ -183,14 +197,13 @@ class ModelRegistry:
             raise InvalidArgument(f"failed to load '{name}': file overrides need a 'config' parameter")
         entry = self._entries.setdefault(name, ModelEntry(name))
         async with entry.lock:
-            model_dir, upload_dir = (None if files else self.repository / name), None
-            if model_dir is not None and not model_dir.is_dir():
+            upload_dir = None
+            if not files and not self.model_dirs(name):
                 if not entry.versions and self._entries.get(name) is entry:
                     self._entries.pop(name)
                 raise _no_model_dir(name)
             try:
-                if files:
-                    model_dir = upload_dir = await asyncio.to_thread(self._uploads.write, name, files)
+                model_dir, upload_dir = await self._model_source(name, files)
                 entry.state, entry.reason = LOADING, ""
                 along = await self._load_steps(name, model_dir, config_json, _chain + (name,))
                 new_versions = await asyncio.to_thread(self._open_versions, name, model_dir, config_json)
@@ -214,6 +227,13 @@ class ModelRegistry:
                 await self._close(model, "unloaded (replaced by a reload)")
         log.info("loaded model %s versions %s", name, ",".join(sorted(new_versions, key=int)))
 
+    async def _model_source(self, name: str, files: dict[str, bytes] | None) -> tuple[Path, Path | None]:
+        """Where a load reads the model from, and the upload area it wrote there (None: a repository's model)."""
+        if files:
+            upload_dir = await asyncio.to_thread(self._uploads.write, name, files)
+            return upload_dir, upload_dir
+        return self._model_dir(name), None
+
     async def _load_steps(self, name: str, model_dir: Path, config_json: str | None,
                           chain: tuple[str, ...]) -> tuple[str, ...]:
         """An ensemble's step models not loaded yet, loaded first (as Triton does); () for a plain model.
@@ -222,7 +242,7 @@ class ModelRegistry:
         if not is_ensemble(base):
             return ()
         return await load_step_models(base, chain, is_loaded=self.is_loaded, load=self.load,
-                                      in_repository=lambda m: is_plain_name(m) and (self.repository / m).is_dir())
+                                      in_repository=lambda m: bool(self.model_dirs(m)))
 
     def _open_versions(self, name: str, model_dir: Path, config_json: str | None) -> dict[str, LoadedModel]:
         base, explicit = read_config(name, model_dir, config_json)

@@ -55,7 +55,7 @@ class RepositoryPoller:
             raise ValueError(f"repository poll interval must be positive, got {interval_s!r}")
         self._registry = registry
         self.interval_s = interval_s
-        self._seen: dict[str, Fingerprint] = {}
+        self._seen: dict[str, tuple[Fingerprint, ...]] = {}
         self.polls = 0
 
     async def baseline(self) -> None:
@@ -97,6 +97,7 @@ class RepositoryPoller:
             log.info("repository poll: %s", ", ".join(f"{k} {','.join(v)}" for k, v in done.items() if v))
         return done
 
-    def _fingerprints(self) -> dict[str, Fingerprint]:
-        root = self._registry.repository
-        return {name: fingerprint(root / name) for name in self._registry.scan()}
+    def _fingerprints(self) -> dict[str, tuple[Fingerprint, ...]]:
+        """Each model's, of its directory in each repository that has one (a second copy appearing or going is a
+        change: the model is loaded again, and fails or serves as the repositories now say)."""
+        return {name: tuple(map(fingerprint, self._registry.model_dirs(name))) for name in self._registry.scan()}
