@@ -308,13 +308,15 @@ def bearer_values(*tokens: str | None) -> list[bytes]:
 
 def bearer_authorized(method: str, metadata, expected: list[bytes]) -> bool:
     """Whether a call may proceed: health RPCs always; others with one of the `expected` values
-    in `authorization` (compared in constant time). Used by both gRPC transports."""
+    in `authorization` (compared in constant time; whitespace around the value is no part of it, as in HTTP:
+    perf_analyzer's `-H "authorization: Bearer T"` sends " Bearer T"). Used by both gRPC transports."""
     if method in _AUTH_EXEMPT:
         return True
     for key, value in metadata or ():
         if key == "authorization":
             if isinstance(value, str):
                 value = value.encode()
+            value = value.strip(b" \t")
             return any(hmac.compare_digest(value, want) for want in expected)
     return False
 

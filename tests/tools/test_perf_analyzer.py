@@ -1,6 +1,7 @@
 """NVIDIA's perf_analyzer (tritonclient 2.34.0's binary, installed by bench/install-perf-analyzer.sh) against a
 real gt-serve: HTTP and gRPC; sync, async and gRPC streaming; system shared memory; batch > 1; real JSON data
-(checked against validation_data), zero and random data; BYTES inputs and dynamic dims (--shape); a sequence model.
+(checked against validation_data), zero and random data; BYTES inputs and dynamic dims (--shape); a sequence model;
+mutual TLS on both protocols with a bearer token sent by `-H`.
 Each run is short (count windows of 50 requests); it must exit 0, report a throughput > 0 in its CSV, print no
 warnings (it reads our server-side statistics too), and our /v2/models/NAME/stats must have counted its requests."""
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gt_serve.testing import model_builders as mb
+from gt_serve.testing.launcher import launch
 from tests.conftest import start_server
 from tests.models import build_repository
 
@@ -130,3 +132,52 @@ def test_perf_analyzer_mode(pa_server, data_files, tmp_path, model, protocol, ex
     assert client_requests > 0 and server_requests > 0, output
     # our statistics counted at least the requests of the last window (perf_analyzer sent more: earlier windows)
     assert _success_count(pa_server, model) - before >= max(client_requests, server_requests)
+
+
+TOKEN = "pa-token"
+
+
+@pytest.fixture(scope="module")
+def pa_tls_server(tmp_path_factory):
+    """Mutual TLS on both ports and a bearer token, as a site exposing gt-serve would run it."""
+    from gt_serve.testing.tls_certs import TestCA
+
+    pki = tmp_path_factory.mktemp("pa_pki")
+    ca = TestCA(pki)
+    server, client = ca.leaf("server"), ca.leaf("client")
+    repo = build_repository(tmp_path_factory.mktemp("pa_tls_repo"))
+    tls = []
+    for proto in ("http", "grpc"):
+        tls += [f"--{proto}-use-ssl-mutual", f"--{proto}-server-cert", str(server.cert),
+                f"--{proto}-server-key", str(server.key), f"--{proto}-root-cert", str(ca.cert)]
+    srv = launch(["--model-repository", str(repo), "--auth-token", TOKEN, *tls],
+                 workdir=tmp_path_factory.mktemp("pa_tls_srv"), repo=repo, tls_ca=ca.cert,
+                 tls_client=(client.cert, client.key))
+    yield srv, ca, client
+    srv.stop()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_over_mutual_tls_with_a_token(pa_tls_server, tmp_path, protocol):
+    """perf_analyzer's own TLS flags and `-H`: it sends the header's value with the space after the colon, which an
+    HTTP header drops and a gRPC metadata value keeps (the server strips it, as HTTP does)."""
+    srv, ca, client = pa_tls_server
+    if protocol == "http":
+        url, tls = f"https://{srv.http_url}", ["--ssl-https-verify-peer", "1", "--ssl-https-verify-host", "2",
+                                                "--ssl-https-ca-certificates-file", str(ca.cert),
+                                                "--ssl-https-client-certificate-file", str(client.cert),
+                                                "--ssl-https-private-key-file", str(client.key)]
+    else:
+        url, tls = srv.grpc_url, ["--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file", str(ca.cert),
+                                  "--ssl-grpc-certificate-chain-file", str(client.cert),
+                                  "--ssl-grpc-private-key-file", str(client.key)]
+    base = [str(PERF_ANALYZER), "-m", "simple", "-u", url, "-i", protocol, *tls, "--measurement-mode",
+            "count_windows", "--measurement-request-count", "50", "--stability-percentage", "100000",
+            "--max-trials", "3"]
+    refused = subprocess.run(base, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert refused.returncode != 0 and "bearer token" in refused.stdout + refused.stderr  # the control
+    proc = subprocess.run([*base, "-H", f"authorization: Bearer {TOKEN}"], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    output = (proc.stdout + proc.stderr)[-OUTPUT_LIMIT_BYTES:]
+    assert proc.returncode == 0, output
+    assert float(re.search(r"Throughput: ([\d.]+) infer/sec", output).group(1)) > 0, output
