@@ -13,6 +13,7 @@ from .backends.device_memory import device_used_bytes
 from .config import Config, metrics_bearer_token, write_port_file
 from .core.dataplane import DataPlane
 from .core.fleet_link import FleetLink
+from .core.latency_summary import summary_settings
 from .core.forward_batcher import forwarding_peers
 from .core.memory_budget import MemoryBook, MemoryGovernor
 from .core.model_control import ModelControl, Readiness
@@ -82,6 +83,9 @@ class App:
 
     def _repositories(self) -> list[Path]:
         given = [Path(r) for r in (self.cfg.server.model_repository, *self.cfg.server.model_repositories) if r]
+        for repo in given:
+            if not repo.is_dir():
+                raise SystemExit(f"gt-serve: model repository '{repo}' is not a directory")
         if given:
             return given
         from .testing.model_builders import demo_repository
@@ -117,12 +121,8 @@ class App:
 
         s = self.cfg.server
         host = self._build_execution(asyncio.get_running_loop())
-        repos = self._repositories()
-        for repo in repos:
-            if not repo.is_dir():
-                raise SystemExit(f"gt-serve: model repository '{repo}' is not a directory")
-        self.registry = ModelRegistry(repos, describe_model, host, drain_timeout_s=s.drain_timeout_s,
-                                      response_cache=self.response_cache is not None)
+        self.registry = ModelRegistry(self._repositories(), describe_model, host, drain_timeout_s=s.drain_timeout_s,
+                                      response_cache=self.response_cache is not None, summaries=summary_settings(s))
         if self.worker is not None:
             self.link = WorkerLink(self.worker)
         self.dataplane = self._build_dataplane()

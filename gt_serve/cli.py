@@ -39,7 +39,7 @@ for _names, _why, _harmless in (
       "grpc-http2-max-pings-without-data", "grpc-http2-min-recv-ping-interval-without-data",
       "grpc-http2-max-ping-strikes", "grpc-max-connection-age", "grpc-max-connection-age-grace",
       "sagemaker-port", "sagemaker-safe-port-range", "vertex-ai-port", "vertex-ai-default-model",
-      "metrics-interval-ms", "metrics-config"), "no gt_serve equivalent", set()),
+      "metrics-interval-ms"), "no gt_serve equivalent", set()),
     (("trace-file",), "traces are exported over OTLP (--trace-config opentelemetry,url=...), not to a file", set()),
     (("log-format", "log-file"), "gt_serve logs to stderr", set()),
     (("metrics-address",), "one --host binds every listener", set()),
@@ -77,6 +77,9 @@ def _add_triton_flags(p: argparse.ArgumentParser) -> None:
     for level in ("info", "warning", "error"):
         g.add_argument(f"--log-{level}", dest=f"triton_log_{level}", type=_bool, nargs="?", const=True,
                        metavar="BOOL", help=f"false: drop {level.upper()} messages")
+    g.add_argument("--metrics-config", dest="triton_metrics_config", action="append", type=_metrics_setting,
+                   metavar="KEY=VALUE", help="summary_latencies=true: latency summaries (quantiles of the last minute; "
+                   "summary_quantiles=Q[:ERROR],...), counter_latencies=false: no latency counters")
     g.add_argument("--trace-config", dest="trace_config", action="append", type=_trace_setting,
                    metavar="[MODE,]SETTING=VALUE", help="request tracing, as Triton's: level=TIMESTAMPS, rate=N, "
                    "count=N, mode=opentelemetry, opentelemetry,url=http://HOST:4318/v1/traces")
@@ -89,6 +92,25 @@ def _add_triton_flags(p: argparse.ArgumentParser) -> None:
         nargs = 0 if name == "disable-auto-complete-config" else "?"
         g.add_argument(f"--{name}", dest="triton_ignored", action=_TritonIgnored, nargs=nargs,
                        help=argparse.SUPPRESS)
+
+
+_METRICS_FLAGS = {"summary_latencies": "metrics_summary_latencies", "counter_latencies": "metrics_counter_latencies"}
+
+
+def _metrics_setting(text: str) -> tuple[str | None, object]:
+    """Triton's --metrics-config KEY=VALUE -> (server config key, value); (None, text) for a key without a meaning
+    here (noted). summary_quantiles' error bounds are accepted and unused: the quantiles are exact (of a sample)."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    if key in _METRICS_FLAGS:
+        return _METRICS_FLAGS[key], _bool(value)
+    if key != "summary_quantiles":
+        return None, text
+    try:
+        return "metrics_summary_quantiles", tuple(float(part.split(":")[0]) for part in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"summary_quantiles: expected Q[:ERROR],..., got {value!r}") from None
 
 
 _TRACE_GLOBAL = {"level": "level", "rate": "rate", "count": "count", "mode": "mode", "log-frequency": "log_frequency"}
@@ -265,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.model_repository:
         overrides["model_repository"], *more = args.model_repository
         overrides["model_repositories"] = tuple(more)
+    for key, value in args.triton_metrics_config or ():
+        if key is None:
+            notes.append(f"ignoring Triton --metrics-config {value}: no gt_serve equivalent")
+        else:
+            overrides[key] = value
     if args.log_level is None and _triton_log_level(args) is not None:
         overrides["log_level"] = _triton_log_level(args)
     if _trace_overrides(args):

@@ -31,8 +31,7 @@ class ServerConfig:
     grpc_port: int = 8001
     metrics_port: int = 8002
     model_repository: str | None = None  # None = the bundled demo repository
-    # more repositories beside it (Triton's --model-repository, repeated): a model name must be unique across them all
-    model_repositories: tuple[str, ...] = ()
+    model_repositories: tuple[str, ...] = ()  # more beside it (--model-repository, repeated): model names unique
     model_control_mode: str = "none"
     repository_poll_s: float = 15.0  # model_control_mode "poll": seconds between repository scans (Triton's default)
     load_models: tuple[str, ...] = ()
@@ -67,6 +66,11 @@ class ServerConfig:
     # is set; "token" = metrics_token (or GT_METRICS_TOKEN) guards it; "none" = open (explicit opt-out)
     metrics_auth: str = "same"
     metrics_token: str | None = None
+    # Triton's --metrics-config: summary_latencies keeps latency summaries (quantiles of the last minute; quantiles
+    # empty = Triton's; core/latency_summary.py), counter_latencies false drops the nv_inference_*_duration_us counters
+    metrics_summary_latencies: bool = False
+    metrics_summary_quantiles: tuple[float, ...] = ()
+    metrics_counter_latencies: bool = True
     allow_grpc: bool = True
     grpc_transport: str = "native"  # "native" (our HTTP/2 transport, protocol/grpc_native.py) or "grpcio"
     # repeated binary infer requests (HTTP, and ModelInfer on the native gRPC transport) served from their plans,
@@ -284,14 +288,11 @@ def validate(cfg: Config) -> None:
 def _validate_lanes(lanes: LanesConfig) -> None:
     if lanes.io_binding not in IO_BINDING_MODES:
         raise ConfigError(f"config key 'lanes.io_binding' must be one of {IO_BINDING_MODES}, got {lanes.io_binding!r}")
-    if lanes.inline_max_us < 0:
-        raise ConfigError(f"config key 'lanes.inline_max_us' must be 0 or more microseconds, got {lanes.inline_max_us!r}")
-    if lanes.tiny_run_us < 0:
-        raise ConfigError(f"config key 'lanes.tiny_run_us' must be 0 or more microseconds, got {lanes.tiny_run_us!r}")
+    for key in ("inline_max_us", "tiny_run_us", "spin_us"):
+        if getattr(lanes, key) < 0:
+            raise ConfigError(f"config key 'lanes.{key}' must be 0 or more microseconds, got {getattr(lanes, key)!r}")
     if lanes.launch not in LAUNCH_MODES:
         raise ConfigError(f"config key 'lanes.launch' must be one of {LAUNCH_MODES}, got {lanes.launch!r}")
-    if lanes.spin_us < 0:
-        raise ConfigError(f"config key 'lanes.spin_us' must be 0 or more microseconds, got {lanes.spin_us!r}")
     if lanes.gpu_memory_limit_bytes < 0:
         raise ConfigError("config key 'lanes.gpu_memory_limit_bytes' must be 0 (no cap) or a positive byte count, "
                           f"got {lanes.gpu_memory_limit_bytes!r}")
@@ -356,6 +357,9 @@ def _validate_server_features(s: ServerConfig) -> None:
         raise ConfigError(f"config key 'server.rate_limit' must be one of {RATE_LIMIT_MODES}, got {s.rate_limit!r}")
     for text in s.rate_limit_resources:
         parse_rate_limit_resource(text)
+    if any(type(q) not in (int, float) or not 0 < q <= 1 for q in s.metrics_summary_quantiles):
+        raise ConfigError(f"config key 'server.metrics_summary_quantiles' must be numbers in (0, 1], got "
+                          f"{s.metrics_summary_quantiles!r}")
 
 
 def parse_rate_limit_resource(text: str) -> tuple[str, int, str | None]:

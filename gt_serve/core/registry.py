@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..errors import (Code, GtServeError, Internal, InvalidArgument, InvalidModelFile, ModelNotFound, PathNotAllowed,
                       Unavailable)
 from .ensemble import EnsemblePlan, Step, is_ensemble, load_step_models, prepare_ensemble
+from .latency_summary import SummarySettings
 from .model_config import Describe, ModelSpec, complete_config, spec_from_config
 from .model_dir import (MODEL_FILE_IN_DIRECTORY, read_config, run_repository_agents, version_dirs,
                         version_model_files, versions_to_load)
@@ -83,13 +84,15 @@ class ModelEntry:
 
 class ModelRegistry:
     def __init__(self, repository: Path | Sequence[Path], describe: Describe, host: ModelHost, *,
-                 drain_timeout_s: float = 30.0, uploads: UploadArea | None = None, response_cache: bool = False) -> None:
+                 drain_timeout_s: float = 30.0, uploads: UploadArea | None = None, response_cache: bool = False,
+                 summaries: SummarySettings | None = None) -> None:
         """`repository`: one model repository or several (Triton's --model-repository, repeated); a model is a
-        directory in one of them, and a name in two or more is no model until all but one are gone, as in Triton."""
+        directory in one of them, and a name in two or more is no model until all but one are gone, as in Triton.
+        `summaries`: each model version keeps Triton's latency summaries (core/latency_summary.py)."""
         self.repositories = (Path(repository),) if isinstance(repository, (str, Path)) else tuple(map(Path, repository))
         self._describe = describe
         self._host = host
-        self._response_cache = response_cache  # the server has one: an ensemble asking for it loads
+        self._response_cache, self._summaries = response_cache, summaries  # response_cache: an ensemble may ask for it
         self._drain_timeout_s = drain_timeout_s
         self._entries: dict[str, ModelEntry] = {}
         self._uploads = uploads if uploads is not None else UploadArea()
@@ -268,7 +271,8 @@ class ModelRegistry:
                     graph_in, graph_out = self._describe_file(name, model_dir, path, base)
                 complete_config(cfg, name, graph_in, graph_out, explicit)
                 spec = spec_from_config(cfg, model_dir)
-                draft = LoadedModel(name, str(version), path, cfg, spec, ModelStats(name, str(version)))
+                stats = ModelStats(name, str(version), self._summaries)
+                draft = LoadedModel(name, str(version), path, cfg, spec, stats)
                 built = self._host.open(draft)
                 opened[str(version)] = replace(draft, executor=built.executor, providers=list(built.providers))
         except Exception as exc:
@@ -297,8 +301,9 @@ class ModelRegistry:
         if not available:
             raise InvalidArgument(f"ensemble '{name}': no version directory (Triton's layout: an empty '{name}/1/')")
         spec = spec_from_config(cfg, model_dir)
-        return {str(v): LoadedModel(name, str(v), model_dir / str(v), cfg, spec, ModelStats(name, str(v)),
-                                    ensemble=plan) for v in versions_to_load(cfg, available)}
+        return {str(v): LoadedModel(name, str(v), model_dir / str(v), cfg, spec,
+                                    ModelStats(name, str(v), self._summaries), ensemble=plan)
+                for v in versions_to_load(cfg, available)}
 
     def _describe_file(self, name: str, model_dir: Path, path: Path, cfg: mc.ModelConfig) -> tuple[list, list]:
         """The graph's inputs and outputs; a file the backend cannot parse is the client's error, not ours."""

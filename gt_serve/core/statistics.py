@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+from .latency_summary import LatencySummaries, SummarySettings
+
 
 class Duration:
     __slots__ = ("count", "ns")
@@ -37,7 +39,8 @@ _INFER_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "co
 class ModelStats:
     """Counters for one model version. Mutated only on the event loop thread."""
 
-    def __init__(self, name: str, version: str) -> None:
+    def __init__(self, name: str, version: str, summaries: SummarySettings | None = None) -> None:
+        """`summaries`: keep Triton's latency summaries too (--metrics-config summary_latencies=true)."""
         self.name = name
         self.version = version
         self.last_inference_ms = 0
@@ -49,6 +52,7 @@ class ModelStats:
         self.warmup = Duration()  # model_warmup runs at load (all lanes), before the model was READY
         self.memory_usage: list[dict] = []  # Triton's shape: [{"type": "CPU", "id": 0, "byte_size": N}] (measured at load)
         self.spilled: dict = {}  # set at load when it left its GPU for the CPU lanes: {"from", "to", "reason"}
+        self.summaries = LatencySummaries(summaries) if summaries is not None else None
 
     def record_batch(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int, request_count: int) -> None:
         """One model execution of `batch_size` samples formed from `request_count` requests."""
@@ -65,10 +69,15 @@ class ModelStats:
         b.compute_input.add(input_ns)
         b.compute_infer.add(infer_ns)
         b.compute_output.add(output_ns)
+        if self.summaries is not None:
+            self.summaries.observe({"compute_input": input_ns, "compute_infer": infer_ns,
+                                    "compute_output": output_ns}, request_count)
 
     def record_success(self, request_ns: int, queue_ns: int) -> None:
         self.durations["success"].add(request_ns)
         self.durations["queue"].add(queue_ns)
+        if self.summaries is not None:
+            self.summaries.observe({"request": request_ns, "queue": queue_ns})
 
     def record_failure(self, request_ns: int) -> None:
         self.durations["fail"].add(request_ns)
@@ -77,6 +86,8 @@ class ModelStats:
         """Answered from the response cache (Triton: a success, no execution; cache_hit = lookup time)."""
         self.durations["success"].add(request_ns)
         self.durations["cache_hit"].add(lookup_ns)
+        if self.summaries is not None:  # Triton's request and queue summaries include cached requests
+            self.summaries.observe({"request": request_ns, "queue": 0})
         self.last_inference_ms = int(time.time() * 1000)
 
     def record_cache_miss(self, lookup_and_insert_ns: int) -> None:

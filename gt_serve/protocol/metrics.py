@@ -1,7 +1,8 @@
 """Prometheus metrics (and the live status page) on --metrics-port.
 
-Nothing is counted per request for metrics: a collector reads the per-batch statistics, lanes,
-energy accounting and peer view at scrape time. Triton's metric names where they exist
+Nothing is counted per request for metrics but Triton's latency summaries, when asked for (--metrics-config
+summary_latencies=true, core/latency_summary.py): a collector reads the per-batch statistics, lanes, energy accounting
+and peer view at scrape time. Triton's metric names where they exist
 (nv_inference_*, nv_gpu_*, nv_energy_consumption), gt_* for ours.
 
 Auth (server.metrics_auth, see config.metrics_bearer_token): when the port has a token, every route
@@ -20,7 +21,7 @@ from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from ..tls import TlsFiles, server_context
@@ -35,6 +36,31 @@ def _tagged(fam, model: Any) -> None:
     if tags:
         last = fam.samples[-1]
         fam.samples[-1] = last._replace(labels={**last.labels, **{f"_{k}": v for k, v in sorted(tags.items())}})
+
+
+# (metric name part = latency summary family, what it measures, the statistics' duration key)
+_LATENCIES = (("request", "request duration", "success"), ("queue", "time requests wait in the queue", "queue"),
+              ("compute_input", "input preparation time", "compute_input"),
+              ("compute_infer", "model execution time", "compute_infer"),
+              ("compute_output", "output handling time", "compute_output"))
+
+
+def _summaries(models: list):
+    """Triton's latency summaries (--metrics-config summary_latencies=true, core/latency_summary.py): for each model
+    version keeping them, the quantiles of the last minute, and the count and sum of every observation."""
+    kept = [m for m in models if m.stats.summaries is not None]
+    if not kept:
+        return
+    for name, doc, _ in _LATENCIES:
+        fam = Metric(f"nv_inference_{name}_summary_us", f"Summary of {doc} in microseconds", "summary")
+        for m in kept:
+            summaries, labels = m.stats.summaries, {"model": m.name, "version": m.version}
+            labels.update({f"_{k}": v for k, v in sorted(m.config.metric_tags.items())})
+            fam.add_sample(fam.name + "_count", labels, summaries.count[name])
+            fam.add_sample(fam.name + "_sum", labels, summaries.sum_us[name])
+            for q, value in zip(summaries.quantiles, summaries.quantile_values(name)):
+                fam.add_sample(fam.name, {**labels, "quantile": floatToGoString(q)}, value)
+        yield fam
 
 
 class ServerCollector:
@@ -60,16 +86,11 @@ class ServerCollector:
         yield counter("nv_inference_request_failure", "Number of failed inference requests", d("fail", "count"))
         yield counter("nv_inference_count", "Number of inferences performed (batch sizes summed)", lambda s: s.inference_count)
         yield counter("nv_inference_exec_count", "Number of model executions (batches)", lambda s: s.execution_count)
-        yield counter("nv_inference_request_duration_us", "Cumulative request duration (microseconds)",
-                      lambda s: s.durations["success"].ns / 1e3)
-        yield counter("nv_inference_queue_duration_us", "Cumulative time requests wait in the queue (microseconds)",
-                      lambda s: s.durations["queue"].ns / 1e3)
-        yield counter("nv_inference_compute_input_duration_us", "Cumulative input preparation time (microseconds)",
-                      lambda s: s.durations["compute_input"].ns / 1e3)
-        yield counter("nv_inference_compute_infer_duration_us", "Cumulative model execution time (microseconds)",
-                      lambda s: s.durations["compute_infer"].ns / 1e3)
-        yield counter("nv_inference_compute_output_duration_us", "Cumulative output handling time (microseconds)",
-                      lambda s: s.durations["compute_output"].ns / 1e3)
+        if app.cfg.server.metrics_counter_latencies:  # Triton's --metrics-config counter_latencies (default true)
+            for name, doc, key in _LATENCIES:
+                yield counter(f"nv_inference_{name}_duration_us", f"Cumulative {doc} (microseconds)",
+                              lambda s, key=key: s.durations[key].ns / 1e3)
+        yield from _summaries(models)
 
         batches = CounterMetricFamily("gt_batch_executions", "Model executions by batch size",
                                       labels=["model", "version", "batch_size"])

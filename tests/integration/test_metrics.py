@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import urllib.error
 import urllib.request
 
@@ -16,6 +17,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
+
+from tests.conftest import start_server
 
 TIMEOUT_S = 30.0
 
@@ -229,3 +232,40 @@ def test_metrics_routes(server):
         assert r.status == 404 and "no route" in json.loads(r.read())["error"]
     finally:
         conn.close()
+
+
+def test_latency_summaries_are_off_by_default(server, traffic):
+    _, _, types = scrape(server)
+    assert types["nv_inference_request_duration_us"] == "counter"
+    assert not any(name.endswith("_summary_us") for name in types)
+
+
+def test_tritons_latency_summaries_with_its_metrics_config(model_repo, tmp_path):
+    """--metrics-config summary_latencies=true: Triton's five summaries, their count and sum those of the statistics
+    (as Triton's docs say they match its counters), the asked quantiles in order; counter_latencies=false drops the
+    cumulative duration counters."""
+    srv = start_server(model_repo, tmp_path, "--metrics-config", "summary_latencies=true", "--metrics-config",
+                       "summary_quantiles=0.5:0.05,0.99:0.001", "--metrics-config", "counter_latencies=false")
+    try:
+        rng = np.random.default_rng(1)
+        with httpclient.InferenceServerClient(srv.http_url) as client:
+            for batch in (1, 2, 3) * 10:
+                a, b = (rng.integers(-9, 9, (batch, 16), dtype=np.int32) for _ in range(2))
+                assert np.array_equal(client.infer("simple", http_inputs(a, b, True)).as_numpy("OUTPUT0"), a + b)
+        stats = simple_stats(srv)["inference_stats"]
+        text, samples, types = scrape(srv)
+    finally:
+        srv.stop()
+    assert "nv_inference_request_duration_us" not in types and types["nv_inference_request_success"] == "counter"
+    for family, key in (("request", "success"), ("queue", "queue"), ("compute_input", "compute_input"),
+                        ("compute_infer", "compute_infer"), ("compute_output", "compute_output")):
+        name = f"nv_inference_{family}_summary_us"
+        assert types[name] == "summary" and f"# TYPE {name} summary\n" in text
+        assert model_value(samples, name + "_count", "simple") == stats[key]["count"] == 30
+        assert model_value(samples, name + "_sum", "simple") == pytest.approx(stats[key]["ns"] / 1e3, rel=1e-6)
+        labels = (("model", "simple"), ("version", "1"))
+        p50, p99 = (samples[name][tuple(sorted((*labels, ("quantile", q))))] for q in ("0.5", "0.99"))
+        assert 0 <= p50 <= p99 <= stats[key]["ns"] / 1e3, (family, p50, p99)
+        assert p99 > 0 or family == "queue"
+        idle = samples[name][tuple(sorted((("model", "classifier"), ("version", "1"), ("quantile", "0.5"))))]
+        assert math.isnan(idle)  # nothing observed in the window
