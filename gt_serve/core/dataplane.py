@@ -40,7 +40,7 @@ The front ends' express lanes (protocol/express_plans.py), sync, for a request o
   express_model(name, version="") -> LoadedModel | None   the model a plain request goes straight to, else None
   express_submit(model, feeds, batch_size, shape_key, priority) -> Future of the outputs in model order
   express_run(model, feeds, shape_key) -> that Future already done, a one-row request run at once; else None
-  express_failed(model, start_ns)                          count a failure as infer does
+  express_failed(model, start_ns, error)                   count a failure as infer does
 """
 from __future__ import annotations
 
@@ -204,8 +204,8 @@ class DataPlane:
                     return make_outputs(model, outputs, requested, self._shm)
 
                 response_outputs = await serve_cached(self._response_cache, model, request, requested, start_ns, run)
-        except GtServeError:
-            model.stats.record_failure(_now_ns() - start_ns)
+        except GtServeError as exc:
+            model.stats.record_failure(_now_ns() - start_ns, exc)
             raise
         echo = {k: v for k, v in request.parameters.items() if k not in _NOT_ECHOED} if request.parameters else {}
         return InferResponse(model.name, model.version, request.id, response_outputs, echo)
@@ -270,9 +270,9 @@ class DataPlane:
         return make_outputs(model, arrays, None if requested is None else list(requested), self._shm)
 
     @staticmethod
-    def express_failed(model: LoadedModel, start_ns: int) -> None:
+    def express_failed(model: LoadedModel, start_ns: int, error: BaseException) -> None:
         """An express request failed with a GtServeError: counted as `_infer_here` counts it."""
-        model.stats.record_failure(_now_ns() - start_ns)
+        model.stats.record_failure(_now_ns() - start_ns, error)
 
     async def _reloaded(self, request: InferRequest, error: Unavailable) -> LoadedModel:
         """A model evicted for the memory budget: reloaded, the request waiting (bounded); else the error."""
@@ -296,8 +296,8 @@ class DataPlane:
             else:  # Triton caches an ensemble's own requests too: a hit runs no step (and counts as a hit)
                 run = partial(self._ensemble_outputs, model, request, feeds, batch_size, requested, start_ns)
                 outputs = await serve_cached(self._response_cache, model, request, requested, start_ns, run)
-        except GtServeError:
-            model.stats.record_failure(_now_ns() - start_ns)
+        except GtServeError as exc:
+            model.stats.record_failure(_now_ns() - start_ns, exc)
             raise
         echo = {k: v for k, v in request.parameters.items() if k not in _NOT_ECHOED} if request.parameters else {}
         return InferResponse(model.name, model.version, request.id, outputs, echo)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+from ..errors import DeadlineExceeded, Internal, QueueFull, ResourceExhausted
 from .latency_summary import LatencySummaries, SummarySettings
 
 
@@ -33,6 +34,18 @@ class BatchStat:
         self.compute_output = Duration()
 
 
+# Triton's `reason` label of nv_inference_request_failure: REJECTED (the scheduler refused the request: its queue was
+# full, or it timed out waiting), BACKEND (the model's run failed), OTHER (anything else: bad input, not ready, ...).
+# Triton's fourth, CANCELED, is not counted: a request its client gave up on is no failure here.
+FAILURE_REASONS = ("REJECTED", "BACKEND", "OTHER")
+
+
+def failure_reason(error: BaseException) -> str:
+    if isinstance(error, (QueueFull, DeadlineExceeded)):
+        return "REJECTED"
+    return "BACKEND" if isinstance(error, (Internal, ResourceExhausted)) else "OTHER"
+
+
 _INFER_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 
 
@@ -53,6 +66,7 @@ class ModelStats:
         self.memory_usage: list[dict] = []  # Triton's shape: [{"type": "CPU", "id": 0, "byte_size": N}] (measured at load)
         self.spilled: dict = {}  # set at load when it left its GPU for the CPU lanes: {"from", "to", "reason"}
         self.summaries = LatencySummaries(summaries) if summaries is not None else None
+        self.failures = dict.fromkeys(FAILURE_REASONS, 0)
 
     def record_batch(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int, request_count: int) -> None:
         """One model execution of `batch_size` samples formed from `request_count` requests."""
@@ -79,8 +93,9 @@ class ModelStats:
         if self.summaries is not None:
             self.summaries.observe({"request": request_ns, "queue": queue_ns})
 
-    def record_failure(self, request_ns: int) -> None:
+    def record_failure(self, request_ns: int, error: BaseException | None = None) -> None:
         self.durations["fail"].add(request_ns)
+        self.failures[failure_reason(error)] += 1
 
     def record_cache_hit(self, request_ns: int, lookup_ns: int) -> None:
         """Answered from the response cache (Triton: a success, no execution; cache_hit = lookup time)."""

@@ -133,10 +133,10 @@ def settle(future, plan: Plan, request_id: str, dataplane: Any, start_ns: int,
             result = answer(plan, request_id, plan.outputs(future.result()))
         else:
             if isinstance(exc, GtServeError):
-                dataplane.express_failed(plan.model, start_ns)
+                dataplane.express_failed(plan.model, start_ns, exc)
             result = failed(exc)
     except Exception as exc:  # noqa: BLE001 - the request must get an answer
         if isinstance(exc, GtServeError):  # an output's region gone since: counted as the full path counts it
-            dataplane.express_failed(plan.model, start_ns)
+            dataplane.express_failed(plan.model, start_ns, exc)
         result = failed(exc)
     reply(result)

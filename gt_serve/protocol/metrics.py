@@ -83,7 +83,13 @@ class ServerCollector:
 
         d = lambda key, field: (lambda s: getattr(s.durations[key], field))  # noqa: E731
         yield counter("nv_inference_request_success", "Number of successful inference requests", d("success", "count"))
-        yield counter("nv_inference_request_failure", "Number of failed inference requests", d("fail", "count"))
+        failure = CounterMetricFamily("nv_inference_request_failure", "Number of failed inference requests, by "
+                                      "Triton's reason (REJECTED, BACKEND, OTHER)", labels=[*labels, "reason"])
+        for m in models:
+            for reason, count in m.stats.failures.items():
+                failure.add_metric([m.name, m.version, reason], count)
+                _tagged(failure, m)
+        yield failure
         yield counter("nv_inference_count", "Number of inferences performed (batch sizes summed)", lambda s: s.inference_count)
         yield counter("nv_inference_exec_count", "Number of model executions (batches)", lambda s: s.execution_count)
         if app.cfg.server.metrics_counter_latencies:  # Triton's --metrics-config counter_latencies (default true)

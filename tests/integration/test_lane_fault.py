@@ -122,7 +122,8 @@ def test_failing_run_gets_a_clear_error_and_the_lane_recovers(fault_server):
     assert inference["success"]["count"] - before["success"]["count"] == 5
     with urllib.request.urlopen(f"http://{srv.metrics_url}/metrics", timeout=TIMEOUT_S) as r:
         text = r.read().decode()
-    assert f'nv_inference_request_failure{{model="gather",version="1"}} {float(inference["fail"]["count"])}' in text
+    count = float(inference["fail"]["count"])  # Triton's reason label: the model's run failed
+    assert f'nv_inference_request_failure{{model="gather",reason="BACKEND",version="1"}} {count}' in text
 
 
 def test_failing_run_over_grpc_is_internal_and_names_the_model(fault_server):

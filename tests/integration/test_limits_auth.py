@@ -174,6 +174,9 @@ def test_full_queue_answers_503_and_loses_nothing(tmp_path):
         inference = stats(srv.http_url, "cnn")
         assert inference["success"]["count"] == len(ok)
         assert inference["fail"]["count"] == len(full)
+        _, _, metrics = one_request(srv.metrics_url, "GET", "/metrics")  # Triton's reason: the scheduler refused it
+        assert f'nv_inference_request_failure{{model="cnn",reason="REJECTED",version="1"}} {float(len(full))}\n' \
+            in metrics.decode()
         # the queue frees up: a lone request is served again
         body, headers = cnn_body()
         status, _, _ = one_request(srv.http_url, "POST", "/v2/models/cnn/infer", body, headers)
