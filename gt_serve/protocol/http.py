@@ -20,6 +20,7 @@ from ..core.model_config import model_config_json
 from ..errors import InvalidArgument, MethodNotAllowed, NotFound, NotReady, Unauthenticated
 from ..tls import TlsFiles, server_context
 from . import http_infer
+from .http_generate import decode_generate, encode_generate
 from .http_express import HttpExpress, error_response
 from .http_messages import Request, Response
 from .http_server import HttpServer
@@ -44,15 +45,7 @@ def _need(req: Request, *methods: str) -> None:
 
 
 def _json_body(body: bytes, what: str) -> dict:
-    if not body.strip():
-        return {}
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"failed to parse the {what} request JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidArgument(f"the {what} request JSON must be an object")
-    return doc
+    return http_infer.json_object(body, f"{what} request") if body.strip() else {}
 
 
 def _int_field(doc: dict, key: str, what: str, default: int | None = None) -> int:
@@ -187,6 +180,9 @@ class HttpFrontEnd:
             if action == "infer":
                 _need(req, "POST")
                 return await self._infer(req, name, version)
+            if action in ("generate", "generate_stream"):  # Triton's generate extension (protocol/http_generate.py)
+                _need(req, "POST")
+                return await self._generate(req, name, version, action == "generate_stream")
         if rest == ["trace", "setting"]:
             return await self._trace(req, name)
         raise NotFound(f"no route for {req.path}")
@@ -310,6 +306,15 @@ class HttpFrontEnd:
         if len(body) >= OFFLOAD_DECODE_BYTES:  # up to seconds for the largest JSON bodies: keep the loop serving
             return await asyncio.get_running_loop().run_in_executor(self._decoder, decode, *args)
         return decode(*args)
+
+    async def _generate(self, req: Request, name: str, version: str, streaming: bool) -> Response:
+        body = self._body(req)
+        args = (name, version, body, await self._dp.model_metadata(name, version))
+        if len(body) >= OFFLOAD_DECODE_BYTES:  # as an infer request's: a large JSON body is parsed off the loop
+            infer_req = await asyncio.get_running_loop().run_in_executor(self._decoder, decode_generate, *args)
+        else:
+            infer_req = decode_generate(*args)
+        return encode_generate(await self._dp.infer(infer_req), streaming)
 
     def _encode(self, req: Request, infer_req, resp) -> Response:
         parts, out_headers, heads = self._answers.encode(resp, infer_req)  # out_headers may be shared: copy to change

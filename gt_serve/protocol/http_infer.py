@@ -70,6 +70,17 @@ def _params(obj: dict, where: str) -> dict:
     return params
 
 
+def json_object(data, what: str) -> dict:
+    """A request's JSON, which must be an object; `what` names the request in errors ("the {what} JSON")."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"failed to parse the {what} JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument(f"the {what} JSON must be an object")
+    return doc
+
+
 def decode_request(model_name: str, version: str, body, header_length: int | None) -> InferRequest:
     """Decode a JSON (+ binary) infer request body. `header_length` None means all JSON."""
     if header_length is None:
@@ -81,12 +92,7 @@ def decode_request(model_name: str, version: str, body, header_length: int | Non
     if len(json_part) >= LARGE_JSON_BYTES:
         doc = json_part if isinstance(json_part, (bytes, bytearray)) else bytes(json_part)
         json_part, spans = cut_data_arrays(doc, MAX_JSON_SKELETON_BYTES)
-    try:
-        doc = orjson.loads(json_part)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"failed to parse the request JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidArgument("the request JSON must be an object")
+    doc = json_object(json_part, "request")
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list):
         raise InvalidArgument(f"the request for model '{model_name}' has no 'inputs' list")
@@ -118,7 +124,7 @@ def decode_request(model_name: str, version: str, body, header_length: int | Non
         request_id = str(request_id)
     req = InferRequest(model_name, version, request_id, inputs, outputs, params)
     if params:
-        _apply_schedule_params(req, params)
+        apply_schedule_params(req, params)
     return req
 
 
@@ -173,7 +179,7 @@ def _named(name: str, fn, datatype: str, shape, payload) -> np.ndarray:
         raise InvalidInput.for_input(name, exc) from None
 
 
-def _apply_schedule_params(req: InferRequest, params: dict) -> None:
+def apply_schedule_params(req: InferRequest, params: dict) -> None:
     """`timeout` (µs) -> deadline_s and `priority` -> priority; both leave the free parameters."""
     if "timeout" not in params and "priority" not in params:
         return
