@@ -5,12 +5,14 @@ then no model keeps anything for them.
 
 The window is that of prometheus-cpp, Triton's metrics library, by default: 60 s in 5 age buckets, so a quantile is
 read over the observations of the last 48-60 s (NaN where there were none). Each bucket keeps at most MAX_SAMPLES of a
-family's observations; past that it keeps every second one (then every fourth, ...), each kept one standing for the
-observations it replaced, so a burst costs bounded memory and the quantiles are those of an even sample of it.
+family's observations (8-byte floats); past that it keeps every second one (then every fourth, ...), each kept one
+standing for the observations it replaced, so a burst costs bounded memory and the quantiles are those of an even
+sample of it.
 """
 from __future__ import annotations
 
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass
 
@@ -20,7 +22,7 @@ from ..config import ServerConfig
 
 FAMILIES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
 DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)  # Triton's
-MAX_SAMPLES = 1 << 14
+MAX_SAMPLES = 1 << 13  # of a family in a bucket: at most 1.6 MiB for a model version's 5 families x 5 buckets
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class _Sampled:
     __slots__ = ("values", "stride", "seen")
 
     def __init__(self) -> None:
-        self.values: list[float] = []
+        self.values = array("d")
         self.stride = 1
         self.seen = 0
 
@@ -99,7 +101,7 @@ class LatencySummaries:
         kept = [bucket[family] for bucket in self._buckets if bucket[family].values]
         if not kept:
             return [float("nan")] * len(self.quantiles)
-        values = np.concatenate([np.asarray(s.values) for s in kept])
+        values = np.concatenate([np.frombuffer(s.values, dtype=np.float64) for s in kept])
         weights = np.concatenate([np.full(len(s.values), s.stride, dtype=np.float64) for s in kept])
         order = np.argsort(values, kind="stable")
         values, cumulative = values[order], np.cumsum(weights[order])
