@@ -86,12 +86,10 @@ class ModelRegistry:
     def __init__(self, repository: Path | Sequence[Path], describe: Describe, host: ModelHost, *,
                  drain_timeout_s: float = 30.0, uploads: UploadArea | None = None, response_cache: bool = False,
                  summaries: SummarySettings | None = None) -> None:
-        """`repository`: one model repository or several (Triton's --model-repository, repeated); a model is a
-        directory in one of them, and a name in two or more is no model until all but one are gone, as in Triton.
-        `summaries`: each model version keeps Triton's latency summaries (core/latency_summary.py)."""
+        """`repository`: one or several (Triton's --model-repository, repeated): a name in two is no model until one
+        is gone, as in Triton. `summaries`: Triton's latency summaries, kept by every model version."""
         self.repositories = (Path(repository),) if isinstance(repository, (str, Path)) else tuple(map(Path, repository))
-        self._describe = describe
-        self._host = host
+        self._describe, self._host = describe, host
         self._response_cache, self._summaries = response_cache, summaries  # response_cache: an ensemble may ask for it
         self._drain_timeout_s = drain_timeout_s
         self._entries: dict[str, ModelEntry] = {}
@@ -160,6 +158,8 @@ class ModelRegistry:
 
     def _model_dir(self, name: str) -> Path:
         dirs = self.model_dirs(name)
+        if not dirs:  # gone since the load began
+            raise InvalidArgument("its model directory is gone")
         if len(dirs) > 1:  # Triton's words; the paths go to the log only
             log.error("model '%s' is in %d model repositories: %s", name, len(dirs), ", ".join(map(str, dirs)))
             raise InvalidArgument(f"not unique across all model repositories (in {len(dirs)} of them)")
