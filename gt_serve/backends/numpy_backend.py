@@ -123,19 +123,19 @@ class NumpyBackend:
         first = arrays[0]
         if first.ndim == 0:
             raise ValueError("cannot pack a 0-d array: axis 0 is the batch axis")
-        if out is None and len(arrays) == 1:
-            return first
-        try:
-            total_rows = sum([a.shape[0] for a in arrays])
-        except IndexError:
-            raise ValueError("cannot pack a 0-d array: axis 0 is the batch axis") from None
-        dtype, trailing = first.dtype, first.shape[1:]
         target = None
-        if out is not None and usable_out(out, dtype, trailing, total_rows):
-            target = out[:total_rows]
-        try:  # numpy checks dtypes (casting="no") and trailing shapes in C, per batch
-            new_dtype = None if target is not None else dtype
-            return np.concatenate(arrays, axis=0, out=target, dtype=new_dtype, casting="no")
+        if out is None:
+            if len(arrays) == 1:
+                return first
+        else:
+            try:
+                total_rows = sum([a.shape[0] for a in arrays])
+            except IndexError:
+                raise ValueError("cannot pack a 0-d array: axis 0 is the batch axis") from None
+            if usable_out(out, first.dtype, first.shape[1:], total_rows):
+                target = out[:total_rows]
+        try:  # numpy checks dtypes (casting="no": the first's, where there is no target) and trailing shapes in C
+            return np.concatenate(arrays, axis=0, out=target, casting="no")
         except (TypeError, ValueError) as exc:
             batch_signature(arrays)  # raises the descriptive ValueError
             raise ValueError(str(exc)) from exc

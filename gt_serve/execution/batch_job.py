@@ -11,6 +11,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 _now_ns = time.perf_counter_ns
+# a batch input of fewer bytes is packed into a new array, not a pooled buffer: malloc's heap serves one for less than
+# a loan costs (24 inputs of a few values each, batches of 8: 0.48x the packing time); large ones keep the pool, where
+# steady state allocates nothing
+SMALL_PACK_BYTES = 64 << 10
 # per onnxruntime pool thread: when its last launched run's callback ended. A run launched while the thread was busy
 # waited in the pool's queue until then, and its compute time counts from there (two launched on a lane: Lane.spare)
 _pool_thread = threading.local()
@@ -129,9 +133,13 @@ class BatchJob:
 
     def _pack(self, arrays: list, loans: list, pack=None):
         """Pack (with `pack`, default the backend's) into a pooled buffer (steady state allocates
-        nothing); object arrays are packed plainly."""
-        pack = pack or self.backend.pack
+        nothing); object arrays are packed plainly, and so are the backend's small ones (SMALL_PACK_BYTES; the
+        bound path's staging, given its `pack`, keeps the pool's pinned buffers)."""
         first = arrays[0]
+        if pack is None:
+            pack = self.backend.pack
+            if first.dtype != object and sum([a.nbytes for a in arrays]) < SMALL_PACK_BYTES:
+                return pack(arrays)
         if self.pool is None or first.dtype == object:
             return pack(arrays)
         rows = sum(a.shape[0] for a in arrays)
