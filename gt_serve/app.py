@@ -13,8 +13,8 @@ from .backends.device_memory import device_used_bytes
 from .config import Config, metrics_bearer_token, write_port_file
 from .core.dataplane import DataPlane
 from .core.fleet_link import FleetLink
-from .core.latency_summary import summary_settings
 from .core.forward_batcher import forwarding_peers
+from .core.latency_summary import summary_settings
 from .core.memory_budget import MemoryBook, MemoryGovernor
 from .core.model_control import ModelControl, Readiness
 from .core.model_host import LocalModelHost
