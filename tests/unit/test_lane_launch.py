@@ -58,18 +58,20 @@ def test_a_launched_batch_gives_what_the_lane_thread_gives(models):
         lane = Lane("cpu.0", "cpu", asyncio.get_running_loop())  # no thread: a batch that runs needs none
         runner = OnnxRunner(str(models["mlp"]), intra_op_threads=2)
         pool = HostBufferPool()
-        feeds = [rows(1, 1), rows(2, 2), rows(1, 3)]
-        job = BatchJob(runner, NumpyBackend(), feeds, [1, 2, 1], ["INPUT"], ["OUTPUT"], pool)
+        counts = [1, 600, 500]  # 1,101 rows of 64 bytes: past SMALL_PACK_BYTES, so packed into a pooled buffer
+        feeds = [rows(n, seed) for seed, n in enumerate(counts)]
+        job = BatchJob(runner, NumpyBackend(), feeds, counts, ["INPUT"], ["OUTPUT"], pool)
         assert runner.runs_async and job.launchable
         (per_request, timings), exc, thread = await asyncio.wait_for(launch(lane, job), WAIT_S)
         assert exc is None and thread == threading.get_ident()  # the reply is on the loop
-        expected, _ = BatchJob(runner, NumpyBackend(), feeds, [1, 2, 1], ["INPUT"], ["OUTPUT"])()
-        assert [o[0].shape for o in per_request] == [(1, 8), (2, 8), (1, 8)]
+        expected, _ = BatchJob(runner, NumpyBackend(), feeds, counts, ["INPUT"], ["OUTPUT"])()
+        assert [o[0].shape for o in per_request] == [(n, 8) for n in counts]
         for got, want in zip(per_request, expected):
             np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
         assert all(t >= 0 for t in timings) and timings[1] > 0
         assert (lane.launched, lane.batches_run) == (1, 1)
-        assert pool.statistics()["bytes_in_use"] == 0  # the packed input went back to its pool
+        stats = pool.statistics()  # the packed input went back to its pool
+        assert stats["misses"] == 1 and stats["bytes_in_use"] == 0
     asyncio.run(main())
 
 
