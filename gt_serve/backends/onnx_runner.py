@@ -88,15 +88,15 @@ class OnnxRunner:
         self._run_options = _run_options(ort, settings)
         self.inputs = [GraphTensor(i.name, ORT_TO_V2.get(i.type, i.type), _dims(i.shape)) for i in self.session.get_inputs()]
         self.outputs = [GraphTensor(o.name, ORT_TO_V2.get(o.type, o.type), _dims(o.shape)) for o in self.session.get_outputs()]
-        # a graph output of no V2 datatype (a ZipMap's sequence of maps) is never asked for: the config leaves it out
-        self.output_names = [o.name for o in self.outputs if o.datatype in ORT_TO_V2.values()]
         self.initializers = [GraphTensor(i.name, ORT_TO_V2.get(i.type, i.type), _dims(i.shape), True)
                              for i in self.session.get_overridable_initializers()]
         self._string_inputs = [i.name for i in (*self.inputs, *self.initializers) if i.datatype == "BYTES"]
         self._run = bfloat16_run(ort, self.session) if uses_bfloat16(self.session) else self.session.run
         self.device_id = device_id
         self._binding = threading.local()
+        # a graph output of no V2 datatype (a ZipMap's sequence of maps) is never asked for: the config leaves it out
         ins, outs = self.session.get_inputs(), [o for o in self.session.get_outputs() if o.type in ORT_TO_V2]
+        self.output_names = [o.name for o in outs]
         # onnxruntime's RunAsync takes a thread of the session's intra-op pool, so the pool needs one besides the caller
         threads = self.effective["intra_op_threads"] or (os.cpu_count() or 1)
         self.runs_async = (self.provider == "CPUExecutionProvider" and threads >= 2

@@ -20,8 +20,8 @@ from ..core.model_config import model_config_json
 from ..errors import InvalidArgument, MethodNotAllowed, NotFound, NotReady, Unauthenticated
 from ..tls import TlsFiles, server_context
 from . import http_infer
-from .http_generate import decode_generate, encode_generate
 from .http_express import HttpExpress, error_response
+from .http_generate import decode_generate, encode_generate
 from .http_messages import Request, Response
 from .http_server import HttpServer
 from .http_templates import AnswerTemplates, RequestTemplates

@@ -30,12 +30,16 @@ from .http_server import HttpServer
 from .status_page import STATUS_HTML
 
 
+def _tag_labels(model: Any) -> dict[str, str]:
+    """The model config's metric_tags as labels `_KEY`, as Triton adds them."""
+    return {f"_{k}": v for k, v in sorted(model.config.metric_tags.items())}
+
+
 def _tagged(fam, model: Any) -> None:
-    """The sample just added for `model` with its config's metric_tags as labels `_KEY`, as Triton adds them."""
-    tags = model.config.metric_tags
-    if tags:
+    """The sample just added for `model` with its metric_tags' labels."""
+    if model.config.metric_tags:
         last = fam.samples[-1]
-        fam.samples[-1] = last._replace(labels={**last.labels, **{f"_{k}": v for k, v in sorted(tags.items())}})
+        fam.samples[-1] = last._replace(labels={**last.labels, **_tag_labels(model)})
 
 
 # (metric name part = latency summary family, what it measures, the statistics' duration key)
@@ -54,8 +58,7 @@ def _summaries(models: list):
     for name, doc, _ in _LATENCIES:
         fam = Metric(f"nv_inference_{name}_summary_us", f"Summary of {doc} in microseconds", "summary")
         for m in kept:
-            summaries, labels = m.stats.summaries, {"model": m.name, "version": m.version}
-            labels.update({f"_{k}": v for k, v in sorted(m.config.metric_tags.items())})
+            summaries, labels = m.stats.summaries, {"model": m.name, "version": m.version, **_tag_labels(m)}
             fam.add_sample(fam.name + "_count", labels, summaries.count[name])
             fam.add_sample(fam.name + "_sum", labels, summaries.sum_us[name])
             for q, value in zip(summaries.quantiles, summaries.quantile_values(name)):
