@@ -31,6 +31,10 @@ _log = logging.getLogger(__name__)
 
 _JSON = {"Content-Type": "application/json"}
 _EMPTY_OK = Response(200, b"", None)
+# Triton answers health with an empty body; the KServe V2 spec's `{"live": true}` / `{"ready": true}` serves both
+# tritonclient (it reads the status alone) and KServe's InferenceRESTClient (it reads the body)
+_HEALTHY = {"live": Response(200, b'{"live":true}', _JSON),
+            "ready": Response(200, b'{"ready":true}', _JSON)}
 COMPRESS_MIN_BYTES = 1024  # smaller infer responses are sent uncompressed even when gzip is accepted
 OFFLOAD_DECODE_BYTES = 1 << 20  # infer bodies this large are decoded on the (one) decode thread
 
@@ -139,7 +143,7 @@ class HttpFrontEnd:
         if head == "health" and n == 2 and rest[1] in ("live", "ready"):
             _need(req, "GET")
             if self._dp.live() if rest[1] == "live" else self._dp.ready():
-                return _EMPTY_OK
+                return _HEALTHY[rest[1]]
             raise NotReady(f"server is not {rest[1]}")
         if head == "models" and n >= 2:
             return await self._model_route(req, rest[1:])
