@@ -16,7 +16,7 @@ from .model_config_fields import check_fields
 from .ragged import RaggedSettings, batch_input_targets, check_batch_inputs, ragged_settings
 from .repository_paths import read_model_file, shown
 from .sequence_config import SequenceSettings, check_hidden, hidden_tensors, sequence_settings
-from .session_settings import SessionSettings, session_settings
+from .session_settings import GPU_ACCELERATORS, SessionSettings, session_settings
 from .warmup import WarmupSample, warmup_samples
 
 log = logging.getLogger(__name__)
@@ -249,6 +249,24 @@ def read_labels(model_dir: Path, label_filename: str, model: str) -> list[str]:
 
 def config_mentions_batching(text: str) -> bool:
     return "max_batch_size" in text
+
+
+def shown_config(cfg: mc.ModelConfig, providers: list) -> mc.ModelConfig:
+    """The config as Triton's normalization shows it (its model_config_utils.cc): each instance group named (MODEL_i
+    where it has no name) and of a resolved kind, KIND_AUTO being KIND_GPU where the model's sessions got a GPU
+    provider and KIND_CPU otherwise. PyTriton's client reads each group's kind, which gRPC's JSON form leaves out
+    when it is KIND_AUTO (0). What is kept stays KIND_AUTO: the host's spill and a peer placing the model read it."""
+    groups = cfg.instance_group
+    if all(g.name and g.kind != mc.ModelInstanceGroup.KIND_AUTO for g in groups):
+        return cfg
+    on_gpu = any(p in GPU_ACCELERATORS.values() for p in providers)
+    shown = mc.ModelConfig()
+    shown.CopyFrom(cfg)
+    for i, group in enumerate(shown.instance_group):
+        group.name = group.name or f"{cfg.name}_{i}"
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            group.kind = mc.ModelInstanceGroup.KIND_GPU if on_gpu else mc.ModelInstanceGroup.KIND_CPU
+    return shown
 
 
 def model_config_json(cfg: mc.ModelConfig) -> dict:

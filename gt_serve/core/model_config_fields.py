@@ -106,8 +106,9 @@ FIELDS: dict[str, tuple[str, str]] = {
     "sequence_batching.iterative_sequence": (REFUSED, "iterative sequences (decoupled generation) are not implemented"),
     "ensemble_scheduling": (HONOURED, _ENSEMBLE_ONLY),
     "instance_group": (PARTIAL, ""),
-    "instance_group.name": (IGNORED, "a label"),
-    "instance_group.kind": (HONOURED, "KIND_CPU, KIND_GPU (needs GPU lanes), KIND_AUTO; KIND_MODEL refused"),
+    "instance_group.name": (IGNORED, "a label; /config names a group without one MODEL_i, as Triton does"),
+    "instance_group.kind": (HONOURED, "KIND_CPU, KIND_GPU (needs GPU lanes), KIND_AUTO (/config shows the kind the "
+                                      "sessions got, as Triton resolves it); KIND_MODEL refused"),
     "instance_group.count": (HONOURED, "lanes of that kind the model runs on"),
     "instance_group.rate_limiter": (HONOURED, "with --rate-limit execution_count (server.rate_limit): resources held "
                                     "per device or globally while a batch runs, priority weighs the fair share; off "

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import GtServeError, InvalidArgument, ModelNotFound, PathNotAllowed, Unsupported
 from .memory_budget import MemoryGovernor
-from .model_config import parse_json_override
+from .model_config import parse_json_override, shown_config
 from .pipeline import StageInfo
 from .registry import READY, ModelRegistry
 from .repository_paths import check_request_libraries
@@ -77,7 +77,8 @@ class ModelControl:
         }
 
     def config(self, name: str, version: str = ""):
-        return self._registry.get(name, version).config
+        model = self._registry.get(name, version)
+        return shown_config(model.config, model.providers)
 
     def stage_info(self, name: str) -> StageInfo | None:
         """A ready local model's metadata and config (what a pipeline stage needs), kept per loaded version."""

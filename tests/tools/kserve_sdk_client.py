@@ -1,5 +1,6 @@
 """KServe's own V2 clients (the `kserve` SDK's InferenceRESTClient and InferenceGRPCClient) against gt-serve: run by
-tests/tools/test_kserve_sdk.py with the Python of the kserve venv (.ci/run makes it), never imported by pytest.
+tests/tools/test_kserve_sdk.py with the Python of the client SDKs' venv
+(tests/tools/client_sdks.py), never imported by pytest.
 
     python kserve_sdk_client.py rest|grpc HOST:PORT
 

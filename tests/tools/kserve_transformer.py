@@ -1,5 +1,6 @@
 """A KServe transformer as KServe's docs write one, in front of gt-serve as its predictor: run by
-tests/tools/test_kserve_sdk.py with the Python of the kserve venv, never imported by pytest.
+tests/tools/test_kserve_sdk.py with the Python of the client SDKs' venv
+(tests/tools/client_sdks.py), never imported by pytest.
 
     python kserve_transformer.py --model_name simple --predictor_host HOST:PORT --predictor_protocol v2|grpc-v2
         --enable_predictor_health_check --http_port P --grpc_port Q

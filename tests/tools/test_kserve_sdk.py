@@ -1,13 +1,11 @@
 """KServe's Python SDK against a real gt-serve: its V2 clients (InferenceRESTClient, InferenceGRPCClient), and a
 KServe transformer (kserve.Model + ModelServer) that sends its requests on to gt-serve as its predictor, over REST
 and gRPC, with the predictor health check on: the shape a KServe InferenceService with a transformer takes, and
-what "any V2 client works unchanged" means beyond tritonclient. The SDK pins packages of its own (pandas, fastapi,
-kubernetes...): it lives in a venv of its own in the cache dir, made by .ci/run, and runs in child processes
-(tests/tools/kserve_sdk_client.py, kserve_transformer.py)."""
+what "any V2 client works unchanged" means beyond tritonclient. The SDK runs from the client SDKs' venv
+(tests/tools/client_sdks.py) in child processes: kserve_sdk_client.py, kserve_transformer.py."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 import urllib.error
@@ -19,16 +17,11 @@ import pytest
 from gt_serve.testing.mosquitto import free_port
 from tests.conftest import start_server
 from tests.models import build_repository
+from tests.tools import client_sdks
 
 pytestmark = pytest.mark.tools
+client_sdks.require_venv()
 
-HERE = Path(__file__).parent
-KSERVE_VENV = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gt_serve" / "kserve-venv"
-KSERVE_PYTHON = KSERVE_VENV / "bin" / "python"
-if not os.access(KSERVE_PYTHON, os.X_OK):
-    pytest.skip(f"the kserve SDK's venv is not at {KSERVE_VENV} (.ci/run makes it)", allow_module_level=True)
-
-RUN_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 60.0
 ADDED = [2 + i for i in range(16)]  # simple's OUTPUT0 for INPUT0 = 0..15, INPUT1 = 2
 SUBTRACTED = [i - 2 for i in range(16)]
@@ -44,10 +37,7 @@ def kserve_server(tmp_path_factory):
 
 
 def _sdk_client(mode: str, address: str) -> dict:
-    proc = subprocess.run([str(KSERVE_PYTHON), str(HERE / "kserve_sdk_client.py"), mode, address],
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(client_sdks.run_script("kserve_sdk_client.py", mode, address))
 
 
 def test_kserve_rest_client(kserve_server):
@@ -114,7 +104,8 @@ def test_kserve_transformer_in_front_of_gt_serve(kserve_server, tmp_path, protoc
     predictor = srv.http_url if protocol == "v2" else srv.grpc_url
     port, log = free_port(), tmp_path / "transformer.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([str(KSERVE_PYTHON), str(HERE / "kserve_transformer.py"), "--model_name", "simple",
+        proc = subprocess.Popen([str(client_sdks.PYTHON), str(client_sdks.HERE / "kserve_transformer.py"),
+                                 "--model_name", "simple",
                                  "--predictor_host", predictor, "--predictor_protocol", protocol,
                                  "--enable_predictor_health_check", "--http_port", str(port),
                                  "--grpc_port", str(free_port()), "--workers", "1"],
