@@ -35,6 +35,7 @@ from .grpc_codec import (
     shm_status_to_proto,
 )
 from .grpc_express import GrpcExpress, abort_for, stream_failed
+from .grpc_health import AUTH_EXEMPT, grpcio_handler
 from .grpc_messages import Abort
 from .grpc_stream import serve_stream, stream_answer, stream_error
 from .grpc_templates import GrpcAnswerTemplates, GrpcRequestTemplates, MessageNotParsed, parse_request
@@ -55,7 +56,6 @@ def _parsed(data: bytes) -> pb.ModelInferRequest:
         raise _call_status(exc) from None
 
 _SERVICE = "/inference.GRPCInferenceService/"
-_AUTH_EXEMPT = frozenset({_SERVICE + "ServerLive", _SERVICE + "ServerReady"})
 _STREAM_METHOD = _SERVICE + "ModelStreamInfer"
 
 async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext) -> None:
@@ -310,7 +310,7 @@ def bearer_authorized(method: str, metadata, expected: list[bytes]) -> bool:
     """Whether a call may proceed: health RPCs always; others with one of the `expected` values
     in `authorization` (compared in constant time; whitespace around the value is no part of it, as in HTTP:
     perf_analyzer's `-H "authorization: Bearer T"` sends " Bearer T"). Used by both gRPC transports."""
-    if method in _AUTH_EXEMPT:
+    if method in AUTH_EXEMPT:
         return True
     for key, value in metadata or ():
         if key == "authorization":
@@ -322,7 +322,7 @@ def bearer_authorized(method: str, metadata, expected: list[bytes]) -> bool:
 
 
 class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
-    """Requires `authorization: Bearer <token>` on every RPC except ServerLive / ServerReady."""
+    """Requires `authorization: Bearer <token>` on every RPC but the health RPCs (grpc_health.AUTH_EXEMPT)."""
 
     def __init__(self, *tokens: str) -> None:
         self._expected = bearer_values(*tokens)
@@ -386,9 +386,8 @@ async def start_grpc(
     interceptors = [BearerAuthInterceptor(auth_token, peer_token or "")] if auth_token else None
     server = grpc.aio.server(options=options, interceptors=interceptors)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane, tracer), server)
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    address = f"{host}:{port}"
+    server.add_generic_rpc_handlers((grpcio_handler(dataplane.ready),))  # grpc.health.v1 (grpc_health.py)
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     credentials = _server_credentials(tls) if tls is not None else None
     try:
         bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)

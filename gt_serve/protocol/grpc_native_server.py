@@ -12,6 +12,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ..tls import TlsFiles, server_context
 from .grpc import InferenceServicer, bearer_authorized, bearer_values
+from .grpc_health import native_methods
 from .grpc_native import GrpcConnection
 from .h2 import H2Limits
 from .h2.hpack_cache import quiet_hpack_logging
@@ -44,7 +45,7 @@ class NativeGrpcServer:
         quiet_hpack_logging()
         self.loop = asyncio.get_running_loop()
         self.limits = limits
-        self.methods = _method_table(InferenceServicer(dataplane, tracer, express))
+        self.methods = _method_table(InferenceServicer(dataplane, tracer, express)) | native_methods(dataplane.ready)
         self.connections: set[GrpcConnection] = set()
         self.closing = False
         self._expected = bearer_values(auth_token, peer_token) if auth_token else []
