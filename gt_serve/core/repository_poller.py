@@ -83,6 +83,9 @@ class RepositoryPoller:
                 continue
             self._seen[name] = print_
             kind = "reloaded" if self._registry.is_loaded(name) else "loaded"
+            if len(print_) > 1 and kind == "reloaded":  # a second copy appeared: as Triton, the one serving goes
+                await self._registry.unload(name, reason="a second copy appeared in the model repositories")
+                done["unloaded"].append(name)  # and its load below fails, naming the copies' count
             try:
                 await self._registry.load(name)
             except Exception as exc:  # logged once; old versions (if any) keep serving

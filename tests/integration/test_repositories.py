@@ -68,7 +68,15 @@ def test_poll_mode_loads_the_name_once_one_copy_is_left(repositories, tmp_path_f
         wait_until("'twice' READY", lambda: client.state("twice") == "READY")
         status, body = client.infer("twice")
         assert status == 200 and body["outputs"][0]["data"] == [4 * x for x in ROW], body
+        os.rename(second / ".twice", second / "twice")  # a second copy appears: Triton unloads the one serving
+        wait_until("'twice' UNAVAILABLE", lambda: client.state("twice") == "UNAVAILABLE")
+        status, body = client.infer("twice")
+        assert status == 503 and "not unique across all model repositories" in body["error"], body
+        rows = [r for r in client.call("POST", "/v2/repository/index", {})[1] if r["name"] == "twice"]
+        assert "not unique" in rows[0]["reason"], rows  # the index says why too
+        assert client.state("alpha") == "READY"  # the others serve on
     finally:
-        os.rename(second / ".twice", second / "twice")
+        if (second / ".twice").exists():
+            os.rename(second / ".twice", second / "twice")
         client.close()
         srv.stop()
