@@ -386,7 +386,7 @@ async def start_grpc(
     interceptors = [BearerAuthInterceptor(auth_token, peer_token or "")] if auth_token else None
     server = grpc.aio.server(options=options, interceptors=interceptors)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane, tracer), server)
-    server.add_generic_rpc_handlers((grpcio_handler(dataplane.ready),))  # grpc.health.v1 (grpc_health.py)
+    server.add_generic_rpc_handlers((grpcio_handler(lambda: dataplane.ready()),))  # grpc.health.v1 (grpc_health.py)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     credentials = _server_credentials(tls) if tls is not None else None
     try:

@@ -45,7 +45,8 @@ class NativeGrpcServer:
         quiet_hpack_logging()
         self.loop = asyncio.get_running_loop()
         self.limits = limits
-        self.methods = _method_table(InferenceServicer(dataplane, tracer, express)) | native_methods(dataplane.ready)
+        self.methods = _method_table(InferenceServicer(dataplane, tracer, express))
+        self.methods.update(native_methods(lambda: dataplane.ready()))  # grpc.health.v1 (grpc_health.py)
         self.connections: set[GrpcConnection] = set()
         self.closing = False
         self._expected = bearer_values(auth_token, peer_token) if auth_token else []
