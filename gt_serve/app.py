@@ -23,6 +23,7 @@ from .core.response_cache import ResponseCache
 from .core.repository_poller import RepositoryPoller
 from .core.rate_limiter import RateLimiter
 from .core.stream_scheduler import StreamScheduler
+from .edge.s3_repository import RepositoryMirrors
 from .errors import GtServeError
 from .protocol.metrics import memory_metric_provider
 from .protocol.worker_link import WorkerLink, WorkerSpec
@@ -58,6 +59,7 @@ class App:
         self.metrics = None
         self.ports: dict[str, int] = {}
         self._demo_dir: Path | None = None
+        self.mirrors = RepositoryMirrors(())  # the s3:// repositories' local copies (edge/s3_repository.py)
         self.host_pool = None
         self.lane_backends: dict = {}  # GPU lane id -> CupyBackend on the lane's stream
         self.device_pools: dict = {}  # "gpu:N" -> cupy MemoryPool shared by that GPU's lanes
@@ -82,10 +84,11 @@ class App:
                           spin_us=self.cfg.lanes.spin_us if self._intra_op > 1 else 0, settings=settings)
 
     def _repositories(self) -> list[Path]:
-        given = [Path(r) for r in (self.cfg.server.model_repository, *self.cfg.server.model_repositories) if r]
-        for repo in given:
+        locations = [r for r in (self.cfg.server.model_repository, *self.cfg.server.model_repositories) if r]
+        self.mirrors = RepositoryMirrors(locations)  # filled before the start-up loads: the listeners open first
+        for repo, location in zip(given := self.mirrors.local_paths(locations), locations):
             if not repo.is_dir():
-                raise SystemExit(f"gt-serve: model repository '{repo}' is not a directory")
+                raise SystemExit(f"gt-serve: model repository '{location}' is not a directory")
         if given:
             return given
         from .testing.model_builders import demo_repository
@@ -161,8 +164,9 @@ class App:
             self.memory = MemoryGovernor(self.memory_book, self.registry, reload_wait_s=s.reload_wait_s,
                                          replica_elsewhere=lambda m: bool(self.fleet_link and self.fleet_link.targets_for(m)))
             self.metric_providers.append(memory_metric_provider(self.memory))
+        refresh = self.mirrors.refresh if self.mirrors else None  # s3:// repositories: synced before each load
         control = ModelControl(self.registry, s.model_control_mode, energy_totals=self.energy.totals,
-                               memory=self.memory, op_libraries=s.op_libraries)
+                               memory=self.memory, op_libraries=s.op_libraries, refresh=refresh)
         self.fleet_link = FleetLink(cfg.cluster.max_hops) if cfg.telemetry.enabled else None
         try:
             return DataPlane(self.registry, control, self.readiness, fleet=self.fleet_link,
@@ -207,11 +211,16 @@ class App:
     async def _load_initial_models(self) -> list[str]:
         """Load the start-up models; return the names that failed (each logged once)."""
         s = self.cfg.server
+        try:
+            await self.mirrors.refresh()  # the s3:// repositories' files, before the scan
+        except GtServeError as exc:
+            raise SystemExit(f"gt-serve: {exc}") from None
         names = self.registry.scan()
         if s.model_control_mode == "explicit":
             names = names if "*" in s.load_models else list(s.load_models)
         elif s.model_control_mode == "poll":  # what these loads see is the baseline later polls compare with
-            self.poller = RepositoryPoller(self.registry, s.repository_poll_s)
+            refresh = self.mirrors.refresh if self.mirrors else None  # and before each poll
+            self.poller = RepositoryPoller(self.registry, s.repository_poll_s, refresh)
             await self.poller.baseline()
         failed = []
         for name in names:
@@ -289,13 +298,15 @@ class App:
         if not self.cfg.telemetry.enabled:
             return
         from .core.fleet import local_row_factory, local_snapshot
-        from .edge.cluster_node import start_cluster_node
+        from .edge.cluster_node import node_caps, start_cluster_node
         from .protocol.metrics import placement_metric_provider
         from .protocol.resource_metrics import fleet_metric_provider
 
         try:
             self.cluster = await start_cluster_node(
-                self.cfg, caps=self._caps(), registry=self.registry, energy=self.energy,
+                self.cfg, caps=node_caps(self.cfg, self.ports, [lane.device for lane in self.lanes],
+                                         [m.name for m in self.registry.loaded()], self.power_profile),
+                registry=self.registry, energy=self.energy,
                 snapshot=lambda: local_snapshot(self.registry.loaded(), self.lanes, self.energy),
                 local_row=local_row_factory(self.registry, self.energy))
         except GtServeError as exc:
@@ -307,18 +318,6 @@ class App:
         if self.cluster.placement is not None:
             self.metric_providers.append(placement_metric_provider(self.cluster.placement.counts,
                                                                      self.cluster.placement.load_ratios))
-
-    def _caps(self) -> dict:
-        """What peers learn of this node: endpoints, devices, models, power profile."""
-        c = self.cfg.cluster
-        return {"endpoints": {"grpc": f"{c.advertise_host}:{self.ports.get('grpc', 0)}",
-                              "http": f"{c.advertise_host}:{self.ports.get('http', 0)}"},
-                "tls": listener_files(self.cfg.server, "grpc") is not None,
-                "devices": [{"id": d, "kind": "gpu" if d.startswith("gpu") else "cpu", "memory_bytes": 0}
-                            for d in sorted({lane.device for lane in self.lanes})],
-                "models": sorted({m.name for m in self.registry.loaded()}),
-                "power_profile": {"name": self.power_profile.name, "idle_w": self.power_profile.idle_w,
-                                  "busy_w": self.power_profile.busy_w}}
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def _close_models(self, budget_s: float) -> None:
@@ -362,6 +361,7 @@ class App:
             lane.stop()
         if self._demo_dir is not None:
             shutil.rmtree(self._demo_dir, ignore_errors=True)
+        self.mirrors.close()
 
     def request_stop(self) -> None:
         if self._stop_event is not None:

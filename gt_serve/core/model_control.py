@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import GtServeError, InvalidArgument, ModelNotFound, PathNotAllowed, Unsupported
@@ -49,10 +49,12 @@ class ModelControl:
 
     def __init__(self, registry: ModelRegistry, mode: str = "none",
                  energy_totals: Callable[[], dict] | None = None, memory: MemoryGovernor | None = None,
-                 op_libraries: tuple[str, ...] = ()) -> None:
+                 op_libraries: tuple[str, ...] = (), refresh: Callable[[], Awaitable[None]] | None = None) -> None:
         """`memory`: the model-memory budget (core/memory_budget.py): a load past it evicts idle models;
-        `op_libraries`: the custom-operator libraries a load request's config may name (server.op_libraries)."""
+        `op_libraries`: the custom-operator libraries a load request's config may name (server.op_libraries);
+        `refresh`: brings the repositories' local copies up to date before a load (edge/s3_repository.py)."""
         self._registry = registry
+        self._refresh = refresh
         self._op_libraries = frozenset(op_libraries)
         self._memory = memory
         self._mode = mode
@@ -134,6 +136,8 @@ class ModelControl:
             _check_libraries(name, config, self._op_libraries)
         files = decode_load_files(parameters)
         verify_checksums(name, parameters.get(CHECKSUM_PARAMETER), files)
+        if self._refresh is not None and not files:
+            await self._refresh()
         await self._registry.load(name, config, files)
         if self._memory is not None:
             self._memory.forget(name)

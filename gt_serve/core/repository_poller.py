@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from .registry import ModelRegistry
@@ -50,10 +51,13 @@ class RepositoryPoller:
     """Owns the fingerprints of what was last loaded; `poll_once` brings the registry in line with the
     repository, `run` does so every `interval_s` until cancelled."""
 
-    def __init__(self, registry: ModelRegistry, interval_s: float) -> None:
+    def __init__(self, registry: ModelRegistry, interval_s: float,
+                 refresh: Callable[[], Awaitable[None]] | None = None) -> None:
+        """`refresh`: brings the repositories' local copies up to date before each pass (edge/s3_repository.py)."""
         if not interval_s > 0:
             raise ValueError(f"repository poll interval must be positive, got {interval_s!r}")
         self._registry = registry
+        self._refresh = refresh
         self.interval_s = interval_s
         self._seen: dict[str, tuple[Fingerprint, ...]] = {}
         self.polls = 0
@@ -72,6 +76,8 @@ class RepositoryPoller:
 
     async def poll_once(self) -> dict[str, list[str]]:
         """One pass; returns {"loaded": [...], "reloaded": [...], "unloaded": [...], "failed": [...]}."""
+        if self._refresh is not None:
+            await self._refresh()  # one that fails fails the pass: what is loaded keeps serving
         now = await asyncio.to_thread(self._fingerprints)
         done: dict[str, list[str]] = {"loaded": [], "reloaded": [], "unloaded": [], "failed": []}
         for name in sorted(self._registry.repository_models()):

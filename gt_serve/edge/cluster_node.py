@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ..config import Config
 from ..core.fleet import FleetRouter
 from ..core.router import Router, RouterSet
-from ..tls import cluster_files
+from ..tls import cluster_files, listener_files
 from .fleet_setup import build_agent, build_outliers, build_placement_loop
 from .peer_client import PeerClient
 
@@ -75,3 +75,15 @@ async def start_cluster_node(cfg: Config, *, caps: dict, snapshot: Callable[[], 
     log.info("cluster '%s': node '%s' publishing to mqtt://%s:%d", c.name, cfg.node_name,
              cfg.telemetry.broker_host, cfg.telemetry.broker_port)
     return ClusterNode(telemetry, fleet, peer_client, placement)
+
+
+def node_caps(cfg: Config, ports: dict, devices: list[str], models: list[str], profile: Any) -> dict:
+    """What peers learn of this node: endpoints, devices, models, power profile."""
+    c = cfg.cluster
+    return {"endpoints": {"grpc": f"{c.advertise_host}:{ports.get('grpc', 0)}",
+                          "http": f"{c.advertise_host}:{ports.get('http', 0)}"},
+            "tls": listener_files(cfg.server, "grpc") is not None,
+            "devices": [{"id": d, "kind": "gpu" if d.startswith("gpu") else "cpu", "memory_bytes": 0}
+                        for d in sorted(set(devices))],
+            "models": sorted(set(models)),
+            "power_profile": {"name": profile.name, "idle_w": profile.idle_w, "busy_w": profile.busy_w}}
