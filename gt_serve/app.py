@@ -125,7 +125,8 @@ class App:
         s = self.cfg.server
         host = self._build_execution(asyncio.get_running_loop())
         self.registry = ModelRegistry(self._repositories(), describe_model, host, drain_timeout_s=s.drain_timeout_s,
-                                      response_cache=self.response_cache is not None, summaries=summary_settings(s))
+                                      response_cache=self.response_cache is not None, summaries=summary_settings(s),
+                                      config_name=s.model_config_name)
         if self.worker is not None:
             self.link = WorkerLink(self.worker)
         self.dataplane = self._build_dataplane()

@@ -61,6 +61,8 @@ def _add_triton_flags(p: argparse.ArgumentParser) -> None:
     _add_tls_flags(p)  # Triton's --grpc-use-ssl family, and its HTTP twin
     g = p.add_argument_group("Triton compatibility (accepted so Triton command lines work unchanged)")
     g.add_argument("--id", dest="server_name", help="as --server-name")
+    g.add_argument("--model-config-name", dest="model_config_name", metavar="NAME",
+                   help="each model's configs/NAME.pbtxt instead of its config.pbtxt, where it has one")
     g.add_argument("--repository-poll-secs", type=float, dest="repository_poll_s", metavar="S",
                    help="--model-control-mode poll: seconds between repository scans (default 15)")
     g.add_argument("--cache-config", dest="response_cache_bytes", type=_cache_config, metavar="local,size=BYTES",

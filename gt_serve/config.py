@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -34,11 +35,11 @@ class ServerConfig:
     model_repositories: tuple[str, ...] = ()  # more beside it (--model-repository, repeated): model names unique
     model_control_mode: str = "none"
     repository_poll_s: float = 15.0  # model_control_mode "poll": seconds between repository scans (Triton's default)
+    model_config_name: str = ""  # Triton's --model-config-name: each model's configs/NAME.pbtxt, where it has one
     load_models: tuple[str, ...] = ()
     port_file: str | None = None
-    # server processes sharing the HTTP and gRPC ports (SO_REUSEPORT), each with its own event loop, lanes and
-    # models; model load/unload and shared-memory registration reach every one, statistics add them up
-    # (gt_serve/supervisor.py, protocol/worker_link.py). 1 = one process, no supervisor.
+    # server processes sharing the HTTP and gRPC ports (SO_REUSEPORT), each with its own event loop, lanes and models;
+    # loads and shared memory reach every one (gt_serve/supervisor.py, protocol/worker_link.py). 1 = no supervisor.
     workers: int = 1
     max_body_bytes: int = 256 * 1024 * 1024
     max_connections: int = 1024
@@ -73,15 +74,13 @@ class ServerConfig:
     metrics_counter_latencies: bool = True
     allow_grpc: bool = True
     grpc_transport: str = "native"  # "native" (our HTTP/2 transport, protocol/grpc_native.py) or "grpcio"
-    # repeated binary infer requests (HTTP, and ModelInfer on the native gRPC transport) served from their plans,
-    # without the handler's coroutine chain (protocol/express_plans.py; the same answers, statistics and errors);
-    # false = every request the full way
+    # repeated binary infer requests (HTTP; ModelInfer on the native gRPC transport) served from their plans, without
+    # the handler's coroutines (protocol/express_plans.py; the same answers, statistics, errors); false = the full way
     express: bool = True
     allow_http: bool = True
     allow_metrics: bool = True
     log_level: str = "INFO"
-    # TLS (gt_serve/tls.py), Triton's --grpc-use-ssl family and its HTTP twin; *_use_ssl_mutual implies *_use_ssl
-    # and requires client certificates that chain to *_root_cert
+    # TLS (gt_serve/tls.py), Triton's --grpc-use-ssl family and its HTTP twin; *_use_ssl_mutual: client certificates
     http_use_ssl: bool = False
     http_server_cert: str | None = None
     http_server_key: str | None = None
@@ -93,9 +92,8 @@ class ServerConfig:
     grpc_root_cert: str | None = None
     grpc_use_ssl_mutual: bool = False
     metrics_use_ssl: bool = False  # the metrics port over HTTPS with the HTTP certificate (no client certificates)
-    # Triton's rate limiter (core/rate_limiter.py): "execution_count" runs a model's batch only while its instance
-    # group's rate_limiter resources are free on the lane's device; "off" (Triton's default) ignores those settings.
-    # rate_limit_resources: Triton's --rate-limit-resource NAME:COUNT[:DEVICE] (DEVICE: a GPU index; else every device)
+    # Triton's rate limiter (core/rate_limiter.py): "execution_count" runs a batch only while its instance group's
+    # resources are free; "off" (Triton's default) ignores them. Resources: --rate-limit-resource NAME:COUNT[:DEVICE]
     rate_limit: str = "off"
     rate_limit_resources: tuple[str, ...] = ()
     # custom-operator libraries (model_operations.op_library_filename) that a load request's config may name too;
@@ -253,6 +251,8 @@ def validate(cfg: Config) -> None:
     if not s.repository_poll_s > 0:
         raise ConfigError(f"config key 'server.repository_poll_s' must be a positive number of seconds, "
                           f"got {s.repository_poll_s!r}")
+    if s.model_config_name and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", s.model_config_name):  # no path
+        raise ConfigError(f"config key 'server.model_config_name' must be a file name, got {s.model_config_name!r}")
     for key in ("http_port", "grpc_port", "metrics_port"):
         port = getattr(s, key)
         if not 0 <= port <= 65535:

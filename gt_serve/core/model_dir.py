@@ -29,14 +29,18 @@ _CHUNK = 1 << 20
 _PARSED_AT_MOST = 64 << 20  # model_footprint_bytes: a larger model file holds its weights (its size is the estimate)
 
 
-def read_config(name: str, model_dir: Path, config_json: str | None) -> tuple[mc.ModelConfig, bool]:
-    """(the config as written or overridden, whether it states max_batch_size)."""
-    pbtxt = model_dir / "config.pbtxt"
+def read_config(name: str, model_dir: Path, config_json: str | None,
+                config_name: str = "") -> tuple[mc.ModelConfig, bool]:
+    """(the config as written or overridden, whether it states max_batch_size). `config_name`: Triton's
+    --model-config-name: the model's `configs/NAME.pbtxt` where it has one, else its config.pbtxt."""
     if config_json is not None:
         return parse_json_override(config_json, name), "max_batch_size" in config_json
+    custom = model_dir / "configs" / f"{config_name}.pbtxt"
+    pbtxt = custom if config_name and custom.is_file() else model_dir / "config.pbtxt"
     if pbtxt.is_file():
         text = pbtxt.read_text()
-        return parse_pbtxt(text, f"model '{name}' config.pbtxt"), config_mentions_batching(text)
+        label = pbtxt.relative_to(model_dir).as_posix()
+        return parse_pbtxt(text, f"model '{name}' {label}"), config_mentions_batching(text)
     return mc.ModelConfig(), False
 
 

@@ -85,13 +85,13 @@ class ModelEntry:
 class ModelRegistry:
     def __init__(self, repository: Path | Sequence[Path], describe: Describe, host: ModelHost, *,
                  drain_timeout_s: float = 30.0, uploads: UploadArea | None = None, response_cache: bool = False,
-                 summaries: SummarySettings | None = None) -> None:
+                 summaries: SummarySettings | None = None, config_name: str = "") -> None:
         """`repository`: one or several (Triton's --model-repository, repeated): a name in two is no model until one
-        is gone, as in Triton. `summaries`: Triton's latency summaries, kept by every model version."""
+        is gone, as in Triton. `summaries`: Triton's latency summaries, kept by every model version. `config_name`:
+        Triton's --model-config-name (core/model_dir.read_config)."""
         self.repositories = (Path(repository),) if isinstance(repository, (str, Path)) else tuple(map(Path, repository))
-        self._describe, self._host = describe, host
+        self._describe, self._host, self._config_name, self._drain_timeout_s = describe, host, config_name, drain_timeout_s
         self._response_cache, self._summaries = response_cache, summaries  # response_cache: an ensemble may ask for it
-        self._drain_timeout_s = drain_timeout_s
         self._entries: dict[str, ModelEntry] = {}
         self._uploads = uploads if uploads is not None else UploadArea()
         self._uploads.sweep_stale()
@@ -241,14 +241,14 @@ class ModelRegistry:
                           chain: tuple[str, ...]) -> tuple[str, ...]:
         """An ensemble's step models not loaded yet, loaded first (as Triton does); () for a plain model.
         `chain`: the ensembles whose loads led here, this one last (load's `_chain`: a cycle is refused)."""
-        base, _ = read_config(name, model_dir, config_json)
+        base, _ = read_config(name, model_dir, config_json, self._config_name)
         if not is_ensemble(base):
             return ()
         return await load_step_models(base, chain, is_loaded=self.is_loaded, load=self.load,
                                       in_repository=lambda m: bool(self.model_dirs(m)))
 
     def _open_versions(self, name: str, model_dir: Path, config_json: str | None) -> dict[str, LoadedModel]:
-        base, explicit = read_config(name, model_dir, config_json)
+        base, explicit = read_config(name, model_dir, config_json, self._config_name)
         check_config_paths(base, name)
         run_repository_agents(base, model_dir, name)
         if is_ensemble(base):
