@@ -39,7 +39,7 @@ for _names, _why, _harmless in (
       "grpc-http2-max-pings-without-data", "grpc-http2-min-recv-ping-interval-without-data",
       "grpc-http2-max-ping-strikes", "grpc-max-connection-age", "grpc-max-connection-age-grace",
       "sagemaker-port", "sagemaker-safe-port-range", "vertex-ai-port", "vertex-ai-default-model",
-      "metrics-interval-ms"), "no gt_serve equivalent", set()),
+      "metrics-interval-ms", "enable-peer-access"), "no gt_serve equivalent", set()),
     (("trace-file",), "traces are exported over OTLP (--trace-config opentelemetry,url=...), not to a file", set()),
     (("log-format", "log-file"), "gt_serve logs to stderr", set()),
     (("metrics-address",), "one --host binds every listener", set()),

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from gt_serve.config_layers import load_config, parse_config
@@ -164,6 +166,18 @@ def test_triton_flags_without_meaning_are_noted_not_fatal():
                  "--backend-config=onnxruntime,x=1", "--metrics-address=0.0.0.0"):
         assert f"ignoring Triton flag {flag}" in notes
     assert "sagemaker" not in notes and "strict-model-config" not in notes  # values that change nothing
+
+
+def test_every_flag_of_triton_2_51_is_taken():
+    """A Triton command line starts gt-serve: each of Triton 2.51's flags (its `--help`, tests/data) is a flag here,
+    or one taken and noted as without meaning (--model-config-name and --enable-peer-access were refused)."""
+    from gt_serve.cli import _TRITON_IGNORED, build_parser
+
+    listed = Path(__file__).resolve().parents[1] / "data" / "triton_2_51_flags.txt"
+    flags = [line.strip() for line in listed.read_text().splitlines() if line.startswith("--")]
+    assert len(flags) > 80
+    ours = {option for action in build_parser()._actions for option in action.option_strings}
+    assert [f for f in flags if f not in ours and f[2:] not in _TRITON_IGNORED] == []
 
 
 def test_unknown_flags_still_fail():
