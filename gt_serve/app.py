@@ -136,7 +136,10 @@ class App:
         write_port_file(self.cfg.server.port_file, self.ports)
         log.info("gt-serve live: HTTP %s, gRPC %s, metrics %s; loading models", self.ports.get("http"),
                  self.ports.get("grpc"), self.ports.get("metrics"))
-        failed = await self._unless_stopped(self._load_initial_models())
+        try:
+            failed = await self._unless_stopped(self._load_initial_models())
+        except GtServeError as exc:  # an s3:// repository that cannot be read
+            raise SystemExit(f"gt-serve: {exc}") from None
         if failed is None:
             log.info("stop requested while loading models: not becoming ready")
             return
@@ -212,10 +215,7 @@ class App:
     async def _load_initial_models(self) -> list[str]:
         """Load the start-up models; return the names that failed (each logged once)."""
         s = self.cfg.server
-        try:
-            await self.mirrors.refresh()  # the s3:// repositories' files, before the scan
-        except GtServeError as exc:
-            raise SystemExit(f"gt-serve: {exc}") from None
+        await self.mirrors.refresh()  # the s3:// repositories' files, before the scan (Unavailable: start stops)
         names = self.registry.scan()
         if s.model_control_mode == "explicit":
             names = names if "*" in s.load_models else list(s.load_models)

@@ -15,6 +15,7 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from ..errors import GtServeError
 from .registry import ModelRegistry
 
 log = logging.getLogger(__name__)
@@ -76,10 +77,14 @@ class RepositoryPoller:
 
     async def poll_once(self) -> dict[str, list[str]]:
         """One pass; returns {"loaded": [...], "reloaded": [...], "unloaded": [...], "failed": [...]}."""
-        if self._refresh is not None:
-            await self._refresh()  # one that fails fails the pass: what is loaded keeps serving
-        now = await asyncio.to_thread(self._fingerprints)
         done: dict[str, list[str]] = {"loaded": [], "reloaded": [], "unloaded": [], "failed": []}
+        if self._refresh is not None:
+            try:
+                await self._refresh()
+            except GtServeError as exc:  # a bucket that cannot be read: no pass this time, what is loaded serves on
+                log.error("repository poll: %s", exc)
+                return done
+        now = await asyncio.to_thread(self._fingerprints)
         for name in sorted(self._registry.repository_models()):
             if name not in now:
                 await self._registry.unload(name)

@@ -113,3 +113,18 @@ def test_a_repository_that_cannot_be_read_stops_the_start_naming_it(tmp_path):
     assert proc.returncode != 0
     assert f"model repository '{url}' cannot be read" in proc.stderr, proc.stderr[-2000:]
 
+
+
+def test_poll_mode_serves_on_while_the_bucket_cannot_be_read(tmp_path):
+    with s3_server() as gone:  # a server of its own, stopped mid-test
+        gone.client.create_bucket(Bucket=BUCKET)
+        gone.client.put_object(Bucket=BUCKET, Key="poll/kept/1/model.onnx", Body=_scale(2.0, tmp_path))
+        srv = launch(["--model-repository", gone.url(BUCKET, "poll"), "--model-control-mode", "poll",
+                      "--repository-poll-secs", "0.2"], workdir=tmp_path)
+    try:  # its S3 server stopped: each poll fails, logged, and the model serves on
+        client = httpclient.InferenceServerClient(srv.http_url)
+        _wait_until("a failed poll logged", lambda: "repository poll: model repository" in srv.log())
+        assert "cannot be read" in srv.log() and "Traceback" not in srv.log()
+        assert _doubled(client, "kept") == [2.0] * 4 and client.is_server_ready()
+    finally:
+        srv.stop()
