@@ -23,7 +23,7 @@ from .core.response_cache import ResponseCache
 from .core.repository_poller import RepositoryPoller
 from .core.rate_limiter import RateLimiter
 from .core.stream_scheduler import StreamScheduler
-from .edge.s3_repository import RepositoryMirrors
+from .edge.remote_repository import RepositoryMirrors
 from .errors import GtServeError
 from .protocol.metrics import memory_metric_provider
 from .protocol.worker_link import WorkerLink, WorkerSpec
@@ -59,7 +59,7 @@ class App:
         self.metrics = None
         self.ports: dict[str, int] = {}
         self._demo_dir: Path | None = None
-        self.mirrors = RepositoryMirrors(())  # the s3:// repositories' local copies (edge/s3_repository.py)
+        self.mirrors = RepositoryMirrors(())  # s3:// and gs:// repositories' local copies (edge/remote_repository)
         self.host_pool = None
         self.lane_backends: dict = {}  # GPU lane id -> CupyBackend on the lane's stream
         self.device_pools: dict = {}  # "gpu:N" -> cupy MemoryPool shared by that GPU's lanes
@@ -138,7 +138,7 @@ class App:
                  self.ports.get("grpc"), self.ports.get("metrics"))
         try:
             failed = await self._unless_stopped(self._load_initial_models())
-        except GtServeError as exc:  # an s3:// repository that cannot be read
+        except GtServeError as exc:  # an s3:// or gs:// repository that cannot be read
             raise SystemExit(f"gt-serve: {exc}") from None
         if failed is None:
             log.info("stop requested while loading models: not becoming ready")
@@ -168,7 +168,7 @@ class App:
             self.memory = MemoryGovernor(self.memory_book, self.registry, reload_wait_s=s.reload_wait_s,
                                          replica_elsewhere=lambda m: bool(self.fleet_link and self.fleet_link.targets_for(m)))
             self.metric_providers.append(memory_metric_provider(self.memory))
-        refresh = self.mirrors.refresh if self.mirrors else None  # s3:// repositories: synced before each load
+        refresh = self.mirrors.refresh if self.mirrors else None  # object-store repositories: synced before a load
         control = ModelControl(self.registry, s.model_control_mode, energy_totals=self.energy.totals,
                                memory=self.memory, op_libraries=s.op_libraries, refresh=refresh)
         self.fleet_link = FleetLink(cfg.cluster.max_hops) if cfg.telemetry.enabled else None
@@ -215,7 +215,7 @@ class App:
     async def _load_initial_models(self) -> list[str]:
         """Load the start-up models; return the names that failed (each logged once)."""
         s = self.cfg.server
-        await self.mirrors.refresh()  # the s3:// repositories' files, before the scan (Unavailable: start stops)
+        await self.mirrors.refresh()  # the object-store repositories' files, before the scan (Unavailable: start stops)
         names = self.registry.scan()
         if s.model_control_mode == "explicit":
             names = names if "*" in s.load_models else list(s.load_models)

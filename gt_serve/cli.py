@@ -206,8 +206,8 @@ def _cache_config(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gt-serve", description="KServe V2 / Triton-compatible inference server for ONNX models")
     p.add_argument("--model-repository", "--model-store", dest="model_repository", action="append",
-                   help="Triton-style model repository: a directory, or s3://bucket/path, s3://host:port/bucket/path "
-                        "(the `s3` extra; AWS credentials from the environment) (default: the bundled demo); "
+                   help="Triton-style model repository: a directory, s3://bucket/path, s3://host:port/bucket/path "
+                        "(the `s3` extra) or gs://bucket/path (the `gcs` extra) (default: the bundled demo); "
                         "repeatable, as in Triton: a model name must be unique across them")
     p.add_argument("--http-port", type=int, help="HTTP port (0 = pick a free port; default 8000)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (0 = pick a free port; default 8001)")

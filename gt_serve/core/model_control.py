@@ -52,7 +52,7 @@ class ModelControl:
                  op_libraries: tuple[str, ...] = (), refresh: Callable[[], Awaitable[None]] | None = None) -> None:
         """`memory`: the model-memory budget (core/memory_budget.py): a load past it evicts idle models;
         `op_libraries`: the custom-operator libraries a load request's config may name (server.op_libraries);
-        `refresh`: brings the repositories' local copies up to date before a load (edge/s3_repository.py)."""
+        `refresh`: brings the repositories' local copies up to date before a load (edge/remote_repository.py)."""
         self._registry = registry
         self._refresh = refresh
         self._op_libraries = frozenset(op_libraries)

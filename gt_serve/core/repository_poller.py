@@ -54,7 +54,7 @@ class RepositoryPoller:
 
     def __init__(self, registry: ModelRegistry, interval_s: float,
                  refresh: Callable[[], Awaitable[None]] | None = None) -> None:
-        """`refresh`: brings the repositories' local copies up to date before each pass (edge/s3_repository.py)."""
+        """`refresh`: brings the repositories' local copies up to date before each pass (edge/remote_repository.py)."""
         if not interval_s > 0:
             raise ValueError(f"repository poll interval must be positive, got {interval_s!r}")
         self._registry = registry

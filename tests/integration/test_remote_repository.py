@@ -1,7 +1,8 @@
-"""A model repository in S3-compatible object storage (`--model-repository s3://host:port/bucket/path`, Triton's
-form), served by a real gt-serve from moto's S3 server on loopback: the start-up loads, poll mode following the
-bucket (a model added, changed, removed), explicit mode loading what the bucket holds at the load, and a repository
-that cannot be read stopping the start with its URL named."""
+"""A model repository in object storage (`--model-repository s3://host:port/bucket/path` and `gs://bucket/path`,
+Triton's forms), served by a real gt-serve from moto's S3 server and gcp-storage-emulator's Cloud Storage on
+loopback: the start-up loads, poll mode following the bucket (a model added, changed, removed), explicit mode loading
+what the bucket holds at the load, and a repository that cannot be read stopping the start with its URL named, or,
+later, failing a poll while the models serve on."""
 from __future__ import annotations
 
 import os
@@ -16,17 +17,17 @@ import tritonclient.http as httpclient
 
 from gt_serve.testing import model_builders as mb
 from gt_serve.testing.launcher import launch
-from gt_serve.testing.s3_server import CREDENTIALS, s3_server
+from gt_serve.testing.object_stores import CREDENTIALS, gcs_server, s3_server
 from tests.models import build_repository
 
 WAIT_S = 60.0
 BUCKET = "models"
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with s3_server() as server:
-        server.client.create_bucket(Bucket=BUCKET)
+@pytest.fixture(scope="module", params=["s3", "gcs"])
+def store(request):
+    with (s3_server if request.param == "s3" else gcs_server)() as server:
+        server.create_bucket(BUCKET)
         yield server
 
 
@@ -50,9 +51,9 @@ def _wait_until(what: str, predicate) -> None:
         time.sleep(0.05)  # polling the server's state between its repository polls
 
 
-def test_start_up_loads_from_the_bucket(s3, tmp_path):
-    s3.upload_tree(build_repository(tmp_path / "repo"), BUCKET, "startup")
-    srv = launch(["--model-repository", s3.url(BUCKET, "startup")], workdir=tmp_path)
+def test_start_up_loads_from_the_bucket(store, tmp_path):
+    store.upload_tree(build_repository(tmp_path / "repo"), BUCKET, "startup")
+    srv = launch(["--model-repository", store.url(BUCKET, "startup")], workdir=tmp_path)
     try:
         client = httpclient.InferenceServerClient(srv.http_url)
         names = {m["name"] for m in client.get_model_repository_index() if m.get("state") == "READY"}
@@ -62,39 +63,39 @@ def test_start_up_loads_from_the_bucket(s3, tmp_path):
         for tensor in inputs:
             tensor.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
         assert client.infer("simple", inputs).as_numpy("OUTPUT0")[0].tolist() == [2 * i for i in range(16)]
-        assert "model repository s3://" in srv.log() and "downloaded" in srv.log()
+        assert f"model repository {store.scheme}://" in srv.log() and "downloaded" in srv.log()
     finally:
         srv.stop()
 
 
-def test_poll_mode_follows_the_bucket(s3, tmp_path):
-    s3.client.put_object(Bucket=BUCKET, Key="poll/kept/1/model.onnx", Body=_scale(2.0, tmp_path))
-    srv = launch(["--model-repository", s3.url(BUCKET, "poll"), "--model-control-mode", "poll",
+def test_poll_mode_follows_the_bucket(store, tmp_path):
+    store.put(BUCKET, "poll/kept/1/model.onnx", _scale(2.0, tmp_path))
+    srv = launch(["--model-repository", store.url(BUCKET, "poll"), "--model-control-mode", "poll",
                   "--repository-poll-secs", "0.2"], workdir=tmp_path)
     client = httpclient.InferenceServerClient(srv.http_url)
     try:
         assert _doubled(client, "kept") == [2.0] * 4
-        s3.client.put_object(Bucket=BUCKET, Key="poll/added/1/model.onnx", Body=_scale(3.0, tmp_path))
+        store.put(BUCKET, "poll/added/1/model.onnx", _scale(3.0, tmp_path))
         _wait_until("'added' READY", lambda: client.is_model_ready("added"))
         assert _doubled(client, "added") == [3.0] * 4
-        s3.client.put_object(Bucket=BUCKET, Key="poll/kept/1/model.onnx", Body=_scale(5.0, tmp_path))
+        store.put(BUCKET, "poll/kept/1/model.onnx", _scale(5.0, tmp_path))
         _wait_until("'kept' reloaded", lambda: _doubled(client, "kept") == [5.0] * 4)
-        s3.delete_prefix(BUCKET, "poll/added/")
+        store.delete_prefix(BUCKET, "poll/added/")
         _wait_until("'added' unloaded", lambda: not client.is_model_ready("added"))
         assert _doubled(client, "kept") == [5.0] * 4  # the others serve on
     finally:
         srv.stop()
 
 
-def test_explicit_mode_loads_what_the_bucket_holds_at_the_load(s3, tmp_path):
-    s3.client.put_object(Bucket=BUCKET, Key="explicit/m/1/model.onnx", Body=_scale(2.0, tmp_path))
-    srv = launch(["--model-repository", s3.url(BUCKET, "explicit"), "--model-control-mode", "explicit",
+def test_explicit_mode_loads_what_the_bucket_holds_at_the_load(store, tmp_path):
+    store.put(BUCKET, "explicit/m/1/model.onnx", _scale(2.0, tmp_path))
+    srv = launch(["--model-repository", store.url(BUCKET, "explicit"), "--model-control-mode", "explicit",
                   "--load-model", "m"], workdir=tmp_path)
     client = httpclient.InferenceServerClient(srv.http_url)
     try:
         assert client.get_model_metadata("m")["versions"] == ["1"]
-        s3.client.put_object(Bucket=BUCKET, Key="explicit/m/2/model.onnx", Body=_scale(4.0, tmp_path))
-        s3.client.put_object(Bucket=BUCKET, Key="explicit/late/1/model.onnx", Body=_scale(6.0, tmp_path))
+        store.put(BUCKET, "explicit/m/2/model.onnx", _scale(4.0, tmp_path))
+        store.put(BUCKET, "explicit/late/1/model.onnx", _scale(6.0, tmp_path))
         client.load_model("m")
         assert client.get_model_metadata("m")["versions"] == ["2"]
         assert _doubled(client, "m") == [4.0] * 4
@@ -114,11 +115,10 @@ def test_a_repository_that_cannot_be_read_stops_the_start_naming_it(tmp_path):
     assert f"model repository '{url}' cannot be read" in proc.stderr, proc.stderr[-2000:]
 
 
-
 def test_poll_mode_serves_on_while_the_bucket_cannot_be_read(tmp_path):
     with s3_server() as gone:  # a server of its own, stopped mid-test
-        gone.client.create_bucket(Bucket=BUCKET)
-        gone.client.put_object(Bucket=BUCKET, Key="poll/kept/1/model.onnx", Body=_scale(2.0, tmp_path))
+        gone.create_bucket(BUCKET)
+        gone.put(BUCKET, "poll/kept/1/model.onnx", _scale(2.0, tmp_path))
         srv = launch(["--model-repository", gone.url(BUCKET, "poll"), "--model-control-mode", "poll",
                       "--repository-poll-secs", "0.2"], workdir=tmp_path)
     try:  # its S3 server stopped: each poll fails, logged, and the model serves on
