@@ -84,17 +84,22 @@ class _S3Store:
 
 
 class _GcsStore:
+    RETRY_S = 30.0  # the library retries a store it cannot reach for 120 s by default: a start would wait that long
+
     def __init__(self, location: RemoteLocation) -> None:
         storage = _library("google.cloud.storage", "gcs", location)
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
         self._client = storage.Client()
         self._bucket = self._client.bucket(location.bucket)
+        self._retry = getattr(DEFAULT_RETRY, "with_timeout", DEFAULT_RETRY.with_deadline)(self.RETRY_S)
 
     def objects(self, prefix: str) -> Iterator[tuple[str, int, str]]:
-        for blob in self._client.list_blobs(self._bucket, prefix=prefix or None):
+        for blob in self._client.list_blobs(self._bucket, prefix=prefix or None, retry=self._retry):
             yield blob.name, blob.size or 0, f"{blob.etag}:{blob.generation}"
 
     def download(self, key: str, path: str) -> None:
-        self._bucket.blob(key).download_to_filename(path)
+        self._bucket.blob(key).download_to_filename(path, retry=self._retry)
 
 
 def _library(module: str, extra: str, location: RemoteLocation):
