@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import pytest
 import tritonclient.http as httpclient
 
 from gt_serve.testing import model_builders as mb
 from gt_serve.testing.launcher import launch
+from tests.integration.cluster_nodes import wait_for
 
 WAIT_S = 60.0
 
@@ -30,14 +29,6 @@ def _model(root: Path, name: str, config: str | None, custom: str | None = None)
 
 def _max_batch(client, name: str) -> int:
     return client.get_model_config(name)["max_batch_size"]
-
-
-def _wait_until(what: str, predicate) -> None:
-    deadline_s = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline_s:
-            pytest.fail(f"not within {WAIT_S} s: {what}")
-        time.sleep(0.05)  # polling the server's state between its repository polls
 
 
 def test_custom_configs_chosen_by_name_and_followed_in_poll_mode(tmp_path):
@@ -56,9 +47,9 @@ def test_custom_configs_chosen_by_name_and_followed_in_poll_mode(tmp_path):
         assert rows["broken"]["state"] == "UNAVAILABLE" and "configs/edge.pbtxt" in rows["broken"]["reason"], rows
         (repo / "plain" / "configs").mkdir()
         (repo / "plain" / "configs" / "edge.pbtxt").write_text("max_batch_size: 1\n")  # added: picked up
-        _wait_until("plain's custom config", lambda: _max_batch(client, "plain") == 1)
+        wait_for(lambda: _max_batch(client, "plain") == 1, WAIT_S, "plain's custom config")
         os.remove(repo / "custom" / "configs" / "edge.pbtxt")  # removed: back to its config.pbtxt
-        _wait_until("custom's config.pbtxt", lambda: _max_batch(client, "custom") == 8)
+        wait_for(lambda: _max_batch(client, "custom") == 8, WAIT_S, "custom's config.pbtxt")
     finally:
         srv.stop()
 

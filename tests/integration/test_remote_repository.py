@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import tritonclient.http as httpclient
 from gt_serve.testing import model_builders as mb
 from gt_serve.testing.launcher import launch
 from gt_serve.testing.object_stores import CREDENTIALS, gcs_server, s3_server
+from tests.integration.cluster_nodes import wait_for
 from tests.models import build_repository
 
 WAIT_S = 60.0
@@ -41,14 +41,6 @@ def _doubled(client, model: str) -> list[float]:
     tensor = httpclient.InferInput("INPUT", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
     return client.infer(model, [tensor]).as_numpy("OUTPUT")[0].tolist()
-
-
-def _wait_until(what: str, predicate) -> None:
-    deadline_s = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline_s:
-            pytest.fail(f"not within {WAIT_S} s: {what}")
-        time.sleep(0.05)  # polling the server's state between its repository polls
 
 
 def test_start_up_loads_from_the_bucket(store, tmp_path):
@@ -76,12 +68,12 @@ def test_poll_mode_follows_the_bucket(store, tmp_path):
     try:
         assert _doubled(client, "kept") == [2.0] * 4
         store.put(BUCKET, "poll/added/1/model.onnx", _scale(3.0, tmp_path))
-        _wait_until("'added' READY", lambda: client.is_model_ready("added"))
+        wait_for(lambda: client.is_model_ready("added"), WAIT_S, "'added' READY")
         assert _doubled(client, "added") == [3.0] * 4
         store.put(BUCKET, "poll/kept/1/model.onnx", _scale(5.0, tmp_path))
-        _wait_until("'kept' reloaded", lambda: _doubled(client, "kept") == [5.0] * 4)
+        wait_for(lambda: _doubled(client, "kept") == [5.0] * 4, WAIT_S, "'kept' reloaded")
         store.delete_prefix(BUCKET, "poll/added/")
-        _wait_until("'added' unloaded", lambda: not client.is_model_ready("added"))
+        wait_for(lambda: not client.is_model_ready("added"), WAIT_S, "'added' unloaded")
         assert _doubled(client, "kept") == [5.0] * 4  # the others serve on
     finally:
         srv.stop()
@@ -123,7 +115,7 @@ def test_poll_mode_serves_on_while_the_bucket_cannot_be_read(tmp_path):
                       "--repository-poll-secs", "0.2"], workdir=tmp_path)
     try:  # its S3 server stopped: each poll fails, logged, and the model serves on
         client = httpclient.InferenceServerClient(srv.http_url)
-        _wait_until("a failed poll logged", lambda: "repository poll: model repository" in srv.log())
+        wait_for(lambda: "repository poll: model repository" in srv.log(), WAIT_S, "a failed poll logged")
         assert "cannot be read" in srv.log() and "Traceback" not in srv.log()
         assert _doubled(client, "kept") == [2.0] * 4 and client.is_server_ready()
     finally:
