@@ -6,6 +6,7 @@ the JSON it reads, and every call failed with KeyError 'kind'. The client runs f
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import pytest
 
@@ -29,7 +30,10 @@ def pytriton_server(tmp_path_factory):
 def test_pytriton_model_client(pytriton_server, protocol):
     url = f"http://{pytriton_server.http_url}" if protocol == "http" else f"grpc://{pytriton_server.grpc_url}"
     got = json.loads(client_sdks.run_script("pytriton_client.py", url))
-    assert got["config"] == {"max_batch_size": 8, "inputs": ["INPUT0", "INPUT1"], "kinds": ["DeviceKind.KIND_CPU"]}
+    with urllib.request.urlopen(f"http://{pytriton_server.http_url}/v2/models/simple/config", timeout=10) as resp:
+        kinds = [f"DeviceKind.{g['kind']}" for g in json.loads(resp.read())["instance_group"]]
+    assert kinds in (["DeviceKind.KIND_CPU"], ["DeviceKind.KIND_GPU"])  # resolved: the kind the sessions got
+    assert got["config"] == {"max_batch_size": 8, "inputs": ["INPUT0", "INPUT1"], "kinds": kinds}
     batch = {"OUTPUT0": [i + 1 for i in range(32)], "OUTPUT1": [i - 1 for i in range(32)]}
     assert got["batch"] == got["futures"] == batch
     sample = {"OUTPUT0": [i + 1 for i in range(16)], "OUTPUT1": [i - 1 for i in range(16)]}
