@@ -86,11 +86,11 @@ class ModelRegistry:
     def __init__(self, repository: Path | Sequence[Path], describe: Describe, host: ModelHost, *,
                  drain_timeout_s: float = 30.0, uploads: UploadArea | None = None, response_cache: bool = False,
                  summaries: SummarySettings | None = None, config_name: str = "") -> None:
-        """`repository`: one or several (Triton's --model-repository, repeated): a name in two is no model until one
-        is gone, as in Triton. `summaries`: Triton's latency summaries, kept by every model version. `config_name`:
-        Triton's --model-config-name (core/model_dir.read_config)."""
+        """`repository`: one or several (Triton's --model-repository, repeated; a name in two is no model until one
+        is gone); `summaries`: Triton's latency summaries; `config_name`: Triton's --model-config-name (model_dir)."""
         self.repositories = (Path(repository),) if isinstance(repository, (str, Path)) else tuple(map(Path, repository))
-        self._describe, self._host, self._config_name, self._drain_timeout_s = describe, host, config_name, drain_timeout_s
+        self._describe, self._host, self._config_name = describe, host, config_name
+        self._drain_timeout_s = drain_timeout_s
         self._response_cache, self._summaries = response_cache, summaries  # response_cache: an ensemble may ask for it
         self._entries: dict[str, ModelEntry] = {}
         self._uploads = uploads if uploads is not None else UploadArea()
