@@ -18,6 +18,7 @@ is skipped with a warning. A store's library is imported only when such a reposi
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import re
@@ -67,7 +68,8 @@ def parse_remote_url(url: str) -> RemoteLocation:
 
 class _S3Store:
     def __init__(self, location: RemoteLocation) -> None:
-        boto3 = _library("boto3", "s3", location)
+        import boto3
+
         self._client = boto3.session.Session().client("s3", endpoint_url=location.endpoint)
         self._bucket = location.bucket
 
@@ -84,10 +86,10 @@ class _S3Store:
 
 
 class _GcsStore:
-    RETRY_S = 30.0  # the library retries a store it cannot reach for 120 s by default: a start would wait that long
+    RETRY_S = 30.0  # the library's default retry waited 92 s for a store it could not reach before failing a start
 
     def __init__(self, location: RemoteLocation) -> None:
-        storage = _library("google.cloud.storage", "gcs", location)
+        from google.cloud import storage
         from google.cloud.storage.retry import DEFAULT_RETRY
 
         self._client = storage.Client()
@@ -102,14 +104,19 @@ class _GcsStore:
         self._bucket.blob(key).download_to_filename(path, retry=self._retry)
 
 
-def _library(module: str, extra: str, location: RemoteLocation):
-    import importlib
+_LIBRARIES = {"s3": ("boto3", "s3"), "gs": ("google.cloud.storage", "gcs")}  # scheme -> (module, extra)
 
+
+def _check_library(location: RemoteLocation) -> None:
+    """SystemExit naming the extra to install, before anything starts, when the store's library is missing."""
+    module, extra = _LIBRARIES[location.scheme]
     try:
-        return importlib.import_module(module)
-    except ImportError:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package (google.cloud) missing
+        found = False
+    if not found:
         raise SystemExit(f"gt-serve: model repository '{location.url}' needs {module.split('.')[0]}: "
-                         f"pip install 'gt-serve[{extra}]'") from None
+                         f"pip install 'gt-serve[{extra}]'")
 
 
 def _relative(key: str, prefix: str) -> str | None:
@@ -196,6 +203,8 @@ class RepositoryMirrors:
             parsed = [parse_remote_url(loc) for loc in locations if is_remote(loc)]
         except ValueError as exc:
             raise SystemExit(f"gt-serve: {exc}") from None
+        for location in parsed:
+            _check_library(location)
         self._mirrors = {loc.url: RemoteMirror(loc, Path(tempfile.mkdtemp(prefix="gt_serve_repo_"))) for loc in parsed}
         self._lock = asyncio.Lock()
 

@@ -88,3 +88,12 @@ def test_an_unreachable_repository_is_unavailable_naming_it(tmp_path):
             asyncio.run(mirrors.refresh())
     finally:
         mirrors.close()
+
+
+@pytest.mark.parametrize("module", ["no_such_module_gt", "no_such_package_gt.storage"])
+def test_a_missing_store_library_stops_the_start_naming_the_extra(monkeypatch, module):
+    from gt_serve.edge import remote_repository
+
+    monkeypatch.setitem(remote_repository._LIBRARIES, "gs", (module, "gcs"))
+    with pytest.raises(SystemExit, match=r"model repository 'gs://models/repo' needs no_such_.*'gt-serve\[gcs\]'"):
+        RepositoryMirrors(["gs://models/repo"])
