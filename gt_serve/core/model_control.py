@@ -60,6 +60,7 @@ class ModelControl:
         self._mode = mode
         self._energy_totals = energy_totals
         self._stage_infos: dict[str, tuple[Any, StageInfo]] = {}
+        self._shown: dict[tuple[str, str], tuple[Any, Any]] = {}  # (name, version) -> (config, as shown)
 
     # -- metadata ---------------------------------------------------------------------------------
     def metadata(self, name: str, version: str = "") -> dict:
@@ -79,8 +80,13 @@ class ModelControl:
         }
 
     def config(self, name: str, version: str = ""):
+        """As Triton shows it (model_config.shown_config), made once a loaded version: raw binary requests read it."""
         model = self._registry.get(name, version)
-        return shown_config(model.config, model.providers)
+        cached = self._shown.get((model.name, model.version))  # keyed on the kept config: a reload makes it anew
+        if cached is None or cached[0] is not model.config:
+            shown = shown_config(model.config, model.providers)
+            cached = self._shown[(model.name, model.version)] = (model.config, shown)
+        return cached[1]
 
     def stage_info(self, name: str) -> StageInfo | None:
         """A ready local model's metadata and config (what a pipeline stage needs), kept per loaded version."""
