@@ -12,7 +12,8 @@
 #                  nvcr.io/nvidia/cuda:12.6.3-cudnn-runtime-ubuntu22.04     x86_64 + NVIDIA GPU (python3 is apt-installed)
 #                  nvcr.io/nvidia/l4t-jetpack:r36.4.0                       Jetson Orin, JetPack 6 (arm64)
 #                  dustynv/l4t-ml:r36.2.0                                   Jetson with onnxruntime-gpu/cupy preinstalled
-#   GT_EXTRAS    comma-separated pyproject extras: "" (default: CPU onnxruntime), "cluster", "gpu", "s3", "gcs", "gpu,cluster".
+#   GT_EXTRAS    comma-separated pyproject extras: "" (default: CPU onnxruntime), "cluster", "gpu", "gpu,cluster";
+#                "s3", "gcs" for model repositories in object storage.
 #                "gpu" swaps the CPU onnxruntime for onnxruntime-gpu (both ship the same module).
 #   GT_SYSTEM_SITE_PACKAGES   1 = the venv also sees the base image's site-packages (Jetson images that
 #                ship onnxruntime-gpu / cupy builds which PyPI does not have for arm64). Default 0.
