@@ -30,15 +30,19 @@ def servers(tmp_path_factory, transport):
     root = tmp_path_factory.mktemp(f"health_repo_{transport}")
     mb.simple_add_sub(root / "simple" / "1" / "model.onnx")
     (root / "simple" / "config.pbtxt").write_text(mb.SIMPLE_CONFIG)
-    ready = start_server(root, tmp_path_factory.mktemp("ready"), "--auth-token", TOKEN, env=env)
     broken = tmp_path_factory.mktemp(f"broken_repo_{transport}")
     (broken / "broken" / "1").mkdir(parents=True)
     (broken / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx model")
-    not_ready = launch(["--model-repository", str(broken), "--exit-on-error=false"],
-                       workdir=tmp_path_factory.mktemp("not_ready"), env=env, wait_ready=False)
-    yield ready, not_ready
-    ready.stop()
-    not_ready.stop()
+    ready = start_server(root, tmp_path_factory.mktemp("ready"), "--auth-token", TOKEN, env=env)
+    try:
+        not_ready = launch(["--model-repository", str(broken), "--exit-on-error=false"],
+                           workdir=tmp_path_factory.mktemp("not_ready"), env=env, wait_ready=False)
+        try:
+            yield ready, not_ready
+        finally:
+            not_ready.stop()
+    finally:  # the first server is stopped even when the second does not start
+        ready.stop()
 
 
 def _check(url: str, service: str = "") -> int:
