@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from .mosquitto import free_port
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "gt-serve-test", "AWS_SECRET_ACCESS_KEY": "gt-serve-test",
                "AWS_DEFAULT_REGION": "us-east-1", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
@@ -101,16 +102,31 @@ class GcsServer(_Store):
 
 
 @contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """`values` in os.environ (the servers the tests start inherit them) while the store runs; put back after."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
 def s3_server() -> Iterator[S3Server]:
     from moto.server import ThreadedMotoServer
 
-    os.environ.update({k: v for k, v in CREDENTIALS.items() if k not in os.environ})
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield S3Server(f"http://{host}:{port}")
+    try:  # credentials the environment already holds are kept
+        with _environ({k: v for k, v in CREDENTIALS.items() if k not in os.environ}):
+            host, port = server.get_host_and_port()
+            yield S3Server(f"http://{host}:{port}")
     finally:
         server.stop()
 
@@ -119,18 +135,11 @@ def s3_server() -> Iterator[S3Server]:
 def gcs_server() -> Iterator[GcsServer]:
     from gcp_storage_emulator.server import create_server
 
-    with socket.socket() as probe:  # the emulator takes no port 0: a free port, taken at once
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # the emulator takes no port 0
     server = create_server("127.0.0.1", port, in_memory=True)
     server.start()
-    before = os.environ.get("STORAGE_EMULATOR_HOST")
-    os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
     try:
-        yield GcsServer(os.environ["STORAGE_EMULATOR_HOST"])
+        with _environ({"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"}):
+            yield GcsServer(os.environ["STORAGE_EMULATOR_HOST"])
     finally:
         server.stop()
-        if before is None:
-            os.environ.pop("STORAGE_EMULATOR_HOST", None)
-        else:
-            os.environ["STORAGE_EMULATOR_HOST"] = before

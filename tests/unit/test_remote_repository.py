@@ -10,7 +10,7 @@ import pytest
 from gt_serve.edge.remote_repository import (RemoteLocation, RemoteMirror, RepositoryMirrors, _relative,
                                              parse_remote_url)
 from gt_serve.errors import Unavailable
-from gt_serve.testing.object_stores import gcs_server, s3_server
+from gt_serve.testing.object_stores import CREDENTIALS, gcs_server, s3_server
 
 
 @pytest.mark.parametrize("url,want", [
@@ -79,7 +79,9 @@ def test_sync_downloads_new_and_changed_objects_and_removes_gone_ones(store, tmp
     assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == ["ens", "ens/1"]  # emptied dirs gone
 
 
-def test_an_unreachable_repository_is_unavailable_naming_it(tmp_path):
+def test_an_unreachable_repository_is_unavailable_naming_it(tmp_path, monkeypatch):
+    for key, value in CREDENTIALS.items():  # boto3 looks no further for credentials (no instance metadata)
+        monkeypatch.setenv(key, value)
     url = "s3://127.0.0.1:1/models/repo"  # nothing listens on port 1
     mirrors = RepositoryMirrors([url, str(tmp_path)])
     try:
